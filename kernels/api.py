@@ -90,12 +90,12 @@ def lara_attention(
         raise ValueError("q_landmarks must hold at least one landmark (C >= 1), got C = 0")
     _check_per_head("k_landmarks", k_landmarks, q, q_landmarks.shape[2], batch_one_ok=False)
     _check_per_head("noise", noise, q, q_landmarks.shape[2], batch_one_ok=True)
-    if torch.is_grad_enabled() and not torch.compiler.is_compiling():
-        if any(t is not None and t.requires_grad for t in (q, k, v, q_landmarks, k_landmarks)):
-            # Eager training: differentiate the PyTorch path directly (one forward, no recompute).
-            if backend not in (None, "torch"):
-                raise ValueError(f"backend {backend!r} has no backward; training runs the 'torch' backend")
-            return lara_forward_cpu(q, k, v, q_landmarks, k_landmarks, key_padding_mask, alpha_coeff, noise)
+    needs_grad = any(t.requires_grad for t in (q, k, v, q_landmarks, k_landmarks))
+    if needs_grad and torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        # Eager training: differentiate the PyTorch path directly (one forward, no recompute).
+        if backend not in (None, "torch"):
+            raise ValueError(f"backend {backend!r} has no backward; training runs the 'torch' backend")
+        return lara_forward_cpu(q, k, v, q_landmarks, k_landmarks, key_padding_mask, alpha_coeff, noise)
     return lara_attention_op(
         q, k, v, q_landmarks, k_landmarks, key_padding_mask, noise, float(alpha_coeff), backend or ""
     )
@@ -131,7 +131,9 @@ def performer_attention(
     """RFA / Performer with positive random features (spec 3); projection: [H, S, D] (fixed at eval)."""
     _check_qkv(q, k, v, key_padding_mask)
     if projection.dim() != 3 or projection.shape[0] != q.shape[1] or projection.shape[2] != q.shape[3]:
-        raise ValueError(f"projection must be [H, S, D] = [{q.shape[1]}, S, {q.shape[3]}], got {tuple(projection.shape)}")
+        raise ValueError(
+            f"projection must be [H, S, D] = [{q.shape[1]}, S, {q.shape[3]}], got {tuple(projection.shape)}"
+        )
     ct = torch.float64 if q.dtype == torch.float64 else torch.float32  # features in fp32 (spec 3.2)
     out = reference.performer_attention_ref(
         q.to(ct), k.to(ct), v.to(ct), projection.to(device=q.device, dtype=ct), key_padding_mask
@@ -156,7 +158,9 @@ def randomized_attention(
     _check_qkv(q, k, v, key_padding_mask)
     _check_per_head("noise", noise, q, q.shape[2], batch_one_ok=True)
     if uniforms is not None and (uniforms.dim() != 3 or tuple(uniforms.shape[1:]) != tuple(q.shape[1:3])):
-        raise ValueError(f"uniforms must be [B or 1, H, N] = [., {q.shape[1]}, {q.shape[2]}], got {tuple(uniforms.shape)}")
+        raise ValueError(
+            f"uniforms must be [B or 1, H, N] = [., {q.shape[1]}, {q.shape[2]}], got {tuple(uniforms.shape)}"
+        )
     ct = torch.float64 if q.dtype == torch.float64 else torch.float32
     out = reference.randomized_attention_ref(
         q.to(ct),

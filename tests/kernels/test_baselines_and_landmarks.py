@@ -1,0 +1,102 @@
+"""Public softmax / Performer / RA functions and the landmark helpers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernels
+from kernels.landmarks import chunk_assignment
+from kernels.reference import (
+    orthogonal_gaussian_projection,
+    performer_attention_ref,
+    randomized_attention_ref,
+    softmax_attention_ref,
+)
+from tests.kernels.conftest import make_inputs, tail_padding
+
+# fp32 public paths vs the float64 reference on O(1) outputs: fp32 rounding accumulated over <= 100 keys.
+ATOL_FP32 = 1e-5
+
+
+@pytest.mark.parametrize("n", [1, 97])
+@pytest.mark.parametrize("padded", [False, True])
+def test_baselines_match_reference(n, padded):
+    q, k, v, _, _ = make_inputs(2, 2, n, 32, 1, seed=n)
+    mask = tail_padding([n, max(n // 3, 1)], n) if padded else None
+    proj = orthogonal_gaussian_projection(2, 16, 32, torch.Generator().manual_seed(0))
+    q32, k32, v32 = (t.float() for t in (q, k, v))
+    cases = {
+        "softmax": (
+            kernels.softmax_attention(q32, k32, v32, key_padding_mask=mask),
+            softmax_attention_ref(q, k, v, mask),
+        ),
+        "performer": (
+            kernels.performer_attention(q32, k32, v32, proj.float(), key_padding_mask=mask),
+            performer_attention_ref(q, k, v, proj, mask),
+        ),
+        "ra": (
+            kernels.randomized_attention(q32, k32, v32, key_padding_mask=mask),
+            randomized_attention_ref(q, k, v, mask),
+        ),
+    }
+    for name, (fast, ref) in cases.items():
+        assert fast.dtype == torch.float32, name
+        torch.testing.assert_close(fast.double(), ref, rtol=0, atol=ATOL_FP32, msg=name)
+
+
+def test_fully_padded_baselines_are_zero():
+    q, k, v, _, _ = make_inputs(2, 2, 5, 16, 1, seed=1, dtype=torch.float32)
+    mask = tail_padding([5, 0], 5)
+    proj = orthogonal_gaussian_projection(2, 8, 16, torch.Generator().manual_seed(0)).float()
+    outs = [
+        kernels.softmax_attention(q, k, v, key_padding_mask=mask),
+        kernels.performer_attention(q, k, v, proj, key_padding_mask=mask),
+        kernels.randomized_attention(q, k, v, key_padding_mask=mask),
+    ]
+    for out in outs:
+        assert not out.isnan().any() and (out[1] == 0).all()
+
+
+def test_ra_fixed_noise_is_deterministic_and_batch_independent():
+    q, k, v, _, _ = make_inputs(3, 2, 11, 16, 1, seed=2, dtype=torch.float32)
+    g = torch.Generator().manual_seed(0)
+    noise, uniforms = torch.randn(1, 2, 11, 16, generator=g), torch.rand(1, 2, 11, generator=g)
+    out = kernels.randomized_attention(q, k, v, noise=noise, uniforms=uniforms)
+    assert torch.equal(out, kernels.randomized_attention(q, k, v, noise=noise, uniforms=uniforms))
+    alone = kernels.randomized_attention(q[2:], k[2:], v[2:], noise=noise, uniforms=uniforms)
+    torch.testing.assert_close(alone, out[2:], rtol=0, atol=1e-6)
+
+
+def test_chunk_landmarks_use_valid_tokens_only():
+    x = torch.arange(10, dtype=torch.float64).reshape(1, 1, 10, 1).expand(2, 1, 10, 1).contiguous()
+    mask = tail_padding([10, 6], 10)
+    lm = kernels.chunk_means_1d(x, 3, mask)[:, 0, :, 0]  # [B, C]
+    # 10 valid tokens -> chunks [0,3) [3,6) [6,10); 6 valid -> [0,2) [2,4) [4,6)
+    torch.testing.assert_close(lm[0], torch.tensor([1.0, 4.0, 7.5], dtype=torch.float64))
+    torch.testing.assert_close(lm[1], torch.tensor([0.5, 2.5, 4.5], dtype=torch.float64))
+    x2 = x.clone()
+    x2[1, :, 6:] = 1e6
+    torch.testing.assert_close(kernels.chunk_means_1d(x2, 3, mask), kernels.chunk_means_1d(x, 3, mask))
+
+
+def test_short_sequences_use_each_token_as_a_landmark():
+    """N <= C (spec C_eff = N): every landmark is a real token, each token used; C stays fixed."""
+    valid = tail_padding([3], 5).logical_not()
+    a = chunk_assignment(valid, 8)  # [1, 8, 5]
+    assert a.shape == (1, 8, 5)
+    assert ((a == 0) | (a == 1)).all() and (a.sum(-1) == 1).all()
+    assert set(a[0].argmax(-1).tolist()) == {0, 1, 2}
+    empty = chunk_assignment(torch.zeros(1, 4, dtype=torch.bool), 2)
+    assert (empty == 0).all()
+
+
+def test_pool_2d_shapes_and_errors():
+    x = torch.randn(2, 3, 14 * 14, 8)
+    lm = kernels.pool_2d(x, (14, 14), 49)
+    assert lm.shape == (2, 3, 49, 8)
+    torch.testing.assert_close(lm[:, :, 0], x.reshape(2, 3, 14, 14, 8)[:, :, :2, :2].mean((2, 3)))
+    with pytest.raises(ValueError, match="perfect-square"):
+        kernels.pool_2d(x, (14, 14), 50)
+    with pytest.raises(ValueError, match="grid"):
+        kernels.pool_2d(x, (14, 13), 49)
