@@ -1,0 +1,175 @@
+"""The app factory: routes, one error handler per error family, middlewares, model lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from server.errors import HTTP_STATUS, ErrorKind, ServeError, kind_for_status, too_large
+from server.models import ServedModel, load_models
+from server.routes import v1, v2
+from server.routes.common import AppState, require_api_key
+from server.schemas import V1PredictRequest, V2InferRequest
+from server.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings | None = None, models: list[ServedModel] | None = None) -> FastAPI:
+    """Build the app. `models` (tests, embedding) replaces loading from settings.model_repository."""
+    settings = settings or Settings()
+    state = AppState(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loaded = (
+            {m.name: m for m in models}
+            if models is not None
+            else await asyncio.to_thread(load_models, settings, state.metrics)
+        )
+        state.registry.models = loaded
+        for model in loaded.values():
+            model.batcher.start()
+        state.ready = True  # only now: every model is loaded and warmed up
+        log.info("ready: %s", ", ".join(sorted(loaded)))
+        try:
+            yield
+        finally:
+            state.ready = False
+            for model in loaded.values():
+                await model.stop()
+
+    app = FastAPI(
+        title="LARA Serve",
+        version=v2.SERVER_VERSION,
+        description="KServe v1/v2 inference for LARA long-sequence text and image classifiers.",
+        lifespan=lifespan,
+    )
+    app.state.lara = state
+    app.include_router(v2.health)
+    app.include_router(v2.router)
+    app.include_router(v1.router)
+
+    @app.get("/metrics", tags=["ops"], dependencies=[Depends(require_api_key)])
+    async def metrics() -> Response:
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    _add_error_handlers(app)
+    _add_openapi_components(app)
+    # Outermost first at request time: timing sees everything, the body limit guards every route.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(TimingMiddleware)
+    return app
+
+
+def error_response(kind: ErrorKind, message: str, retry_after_s: int | None = None) -> JSONResponse:
+    headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else None
+    return JSONResponse({"error": message}, status_code=HTTP_STATUS[kind], headers=headers)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ServeError)
+    async def serve_error(request: Request, exc: ServeError) -> JSONResponse:
+        return error_response(exc.kind, exc.message, exc.retry_after_s)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        details = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
+        return error_response(ErrorKind.MALFORMED, f"invalid request: {details}")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = kind_for_status(exc.status_code)
+        message = str(exc.detail)
+        if exc.status_code == 404:
+            message = f"no route {request.method} {request.url.path}; see /docs"
+        elif exc.status_code == 405:
+            message = f"method {request.method} not allowed on {request.url.path}; see /docs"
+        response = error_response(kind, message)
+        response.status_code = exc.status_code
+        return response
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return error_response(ErrorKind.BACKEND_FAILURE, f"internal error: {type(exc).__name__}")
+
+
+def _add_openapi_components(app: FastAPI) -> None:
+    """Routes that parse their body by hand reference these schemas in /docs."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, description=app.description,
+                                 routes=app.routes)  # fmt: skip
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for model in (V2InferRequest, V1PredictRequest):
+                body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                components.update(body.pop("$defs", {}))
+                components[model.__name__] = body
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+class BodyLimitMiddleware:
+    """413 for bodies over the limit: early from Content-Length, or while streaming a chunked body."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        message = f"request body exceeds max_body_bytes={self.max_bytes}"
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_bytes:
+            return await error_response(ErrorKind.TOO_LARGE, message)(scope, receive, send)
+        seen = 0
+
+        async def limited_receive() -> Message:
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > self.max_bytes:
+                    raise too_large(message)  # surfaces in the route's body read -> error handler
+            return msg
+
+        await self.app(scope, limited_receive, send)
+
+
+class TimingMiddleware:
+    """X-Total-Time-Ms on every response: time from request start to response headers."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start = time.perf_counter()
+
+        async def timed_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                total_ms = (time.perf_counter() - start) * 1000
+                message["headers"] = [
+                    *message.get("headers", []),
+                    (b"x-total-time-ms", f"{total_ms:.3f}".encode()),
+                ]
+            await send(message)
+
+        await self.app(scope, receive, timed_send)

@@ -1,0 +1,66 @@
+"""ONNX Runtime backend over `<model>/<version>/model.onnx`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from server.backends import BackendUnavailable, Device, check_logits
+from server.repository import ONNX_FILE, ModelConfig
+
+
+def not_supported_reasons(model_dir: Path, config: ModelConfig, device: Device) -> list[str]:
+    reasons = []
+    path = model_dir / config.version / ONNX_FILE
+    if not path.is_file():
+        reasons.append(f"{path} does not exist")
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return [*reasons, "onnxruntime is not installed (pip install onnxruntime or onnxruntime-gpu)"]
+    if device == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
+        reasons.append(
+            f"device=cuda but onnxruntime offers only {ort.get_available_providers()} "
+            "(install onnxruntime-gpu, not onnxruntime, and check the CUDA libraries)"
+        )
+    return reasons
+
+
+class OnnxRuntimeBackend:
+    name = "onnxruntime"
+
+    def __init__(self, model_dir: Path, config: ModelConfig, device: Device, num_threads: int = 0) -> None:
+        reasons = not_supported_reasons(model_dir, config, device)
+        if reasons:
+            raise BackendUnavailable(f"onnxruntime cannot serve {config.name!r}: " + "; ".join(reasons))
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        if num_threads:
+            options.intra_op_num_threads = num_threads
+        # One batch runs at a time per model (the batcher's worker thread): no inter-op parallelism.
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        providers = (
+            ["CUDAExecutionProvider", "CPUExecutionProvider"]
+            if device == "cuda"
+            else ["CPUExecutionProvider"]
+        )
+        path = model_dir / config.version / ONNX_FILE
+        self.session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
+        self.device = device
+        self._config = config
+        self._input_names = [i.name for i in self.session.get_inputs()]
+        declared = [spec.name for spec in config.inputs]
+        if sorted(self._input_names) != sorted(declared):
+            raise BackendUnavailable(
+                f"{path} has inputs {self._input_names} but config.json declares {declared}"
+            )
+
+    def run(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        batch = next(iter(inputs.values())).shape[0]
+        (logits,) = self.session.run(None, {name: inputs[name] for name in self._input_names})[:1]
+        return check_logits(logits, batch, self._config)
+
+    def close(self) -> None:
+        del self.session

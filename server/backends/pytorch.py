@@ -1,0 +1,74 @@
+"""PyTorch backend: the module from `model_export.load_pretrained(<model dir>)`.
+
+On GPU its attention calls `torch.ops.lara.attention` (Triton kernels); on CPU the PyTorch path.
+model_export is imported lazily: servers running onnxruntime do not need it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from server.backends import BackendUnavailable, Device, check_logits
+from server.repository import TORCH_FILE, ModelConfig
+
+Loader = Callable[[Path], Any]
+
+
+def default_loader() -> Loader:
+    try:
+        from model_export import load_pretrained
+    except ImportError as exc:
+        raise BackendUnavailable(
+            f"backend=torch needs model_export.load_pretrained(model_dir) -> torch.nn.Module ({exc}); "
+            "use backend=onnxruntime or install the model_export package"
+        ) from exc
+    return load_pretrained
+
+
+class TorchBackend:
+    name = "torch"
+
+    def __init__(
+        self,
+        model_dir: Path,
+        config: ModelConfig,
+        device: Device,
+        num_threads: int = 0,
+        loader: Loader | None = None,
+    ) -> None:
+        import torch
+
+        if device == "cuda" and not torch.cuda.is_available():
+            raise BackendUnavailable(f"device=cuda but torch {torch.__version__} sees no CUDA device")
+        weights = model_dir / config.version / TORCH_FILE
+        if loader is None and not weights.is_file():
+            raise BackendUnavailable(f"torch cannot serve {config.name!r}: {weights} does not exist")
+        if num_threads:
+            torch.set_num_threads(num_threads)
+        module = (loader or default_loader())(model_dir)
+        self.module = module.eval().to(device)
+        self.device = device
+        self._config = config
+        self._torch = torch
+        self._input_names = [spec.name for spec in config.inputs]
+
+    def run(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        torch = self._torch
+        # Positional, in config order: the same order the ONNX export took from forward().
+        args = [torch.from_numpy(inputs[name]).to(self.device) for name in self._input_names]
+        with torch.inference_mode():
+            out = self.module(*args)
+        if isinstance(out, dict):
+            out = out["logits"]
+        elif isinstance(out, tuple | list):
+            out = out[0]
+        elif hasattr(out, "logits"):
+            out = out.logits
+        return check_logits(out.float().cpu().numpy(), args[0].shape[0], self._config)
+
+    def close(self) -> None:
+        del self.module

@@ -1,0 +1,233 @@
+"""Dynamic batching with a token budget and length bucketing. Knows nothing of HTTP or of models.
+
+One `Batcher` per model. `submit` queues items (payload + length) and returns one future per item. A
+worker task forms a batch when `max_batch_size` items are ready, when the token budget (padded length x
+items) would be exceeded by one more item, or when the oldest item has waited `max_queue_delay_s`. The
+batch starts from the oldest item and prefers items of a similar length (same bucket), so little compute
+goes to padding. `run_batch` runs in a worker thread, so the event loop stays free. Every item of a batch
+gets an answer: its result or the batch's error. Items whose future is done (cancelled, timed out) are
+dropped, never computed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
+
+from server.errors import ErrorKind, ServeError
+
+P = TypeVar("P")
+R = TypeVar("R")
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    max_batch_size: int = 32
+    max_batch_tokens: int = 65536
+    max_queue_delay_s: float = 0.002
+    max_queue_size: int = 1024
+    bucket_ratio: float = 2.0  # lengths within this ratio share a bucket
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1 or self.max_batch_tokens < 1 or self.max_queue_size < 1:
+            raise ValueError(f"batch limits must be >= 1: {self}")
+        if self.max_queue_delay_s < 0 or self.bucket_ratio <= 1.0:
+            raise ValueError(f"need max_queue_delay_s >= 0 and bucket_ratio > 1: {self}")
+
+    def bucket(self, length: int) -> int:
+        return int(math.log(max(length, 1)) / math.log(self.bucket_ratio))
+
+
+@dataclass(frozen=True)
+class BatchResult(Generic[R]):
+    value: R
+    queue_s: float  # enqueue -> batch start
+    inference_s: float  # run_batch wall time
+    batch_size: int
+
+
+class BatchObserver(Protocol):
+    """Metrics hook; implemented by server.metrics."""
+
+    def batch_done(self, size: int, padded_tokens: int, inference_s: float) -> None: ...
+
+    def queue_depth(self, depth: int) -> None: ...
+
+
+@dataclass(eq=False)
+class _Entry(Generic[P, R]):
+    payload: P
+    length: int
+    future: asyncio.Future[BatchResult[R]]
+    enqueued: float = field(default_factory=time.perf_counter)
+
+
+class Batcher(Generic[P, R]):
+    def __init__(
+        self,
+        name: str,
+        run_batch: Callable[[list[P]], Sequence[R]],
+        policy: BatchPolicy,
+        observer: BatchObserver | None = None,
+    ) -> None:
+        self.name = name
+        self.policy = policy
+        self._run_batch = run_batch
+        self._observer = observer
+        self._queue: list[_Entry[P, R]] = []
+        self._wakeup = asyncio.Event()
+        self._worker: asyncio.Task[None] | None = None
+        # One thread per model: batches of a model run one at a time, off the event loop.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"batch-{name}")
+        self._batch_s = 0.0  # moving average of batch time, for Retry-After
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._worker is None:
+            self._worker = asyncio.get_running_loop().create_task(self._loop(), name=f"batcher-{self.name}")
+
+    async def stop(self) -> None:
+        if self._worker is not None:
+            self._worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._worker
+            self._worker = None
+        for entry in self._queue:
+            if not entry.future.done():
+                entry.future.set_exception(ServeError(ErrorKind.NOT_READY, "server is shutting down"))
+        self._queue.clear()
+        self._executor.shutdown(wait=True)
+
+    @property
+    def depth(self) -> int:
+        return len(self._queue)
+
+    # -- producer side -------------------------------------------------------------------------------
+
+    def submit(self, items: Sequence[tuple[P, int]]) -> list[asyncio.Future[BatchResult[R]]]:
+        """Queue (payload, length) items together; all or none (429 kind if they do not fit)."""
+        if self._worker is None:
+            raise ServeError(ErrorKind.NOT_READY, f"model {self.name!r} is not serving yet")
+        if len(self._queue) + len(items) > self.policy.max_queue_size:
+            raise ServeError(
+                ErrorKind.QUEUE_FULL,
+                f"queue of model {self.name!r} is full ({len(self._queue)} of "
+                f"{self.policy.max_queue_size} items waiting, request has {len(items)}); retry later",
+                retry_after_s=self.retry_after_s(),
+            )
+        loop = asyncio.get_running_loop()
+        futures = []
+        for payload, length in items:
+            entry: _Entry[P, R] = _Entry(payload, length, loop.create_future())
+            self._queue.append(entry)
+            futures.append(entry.future)
+        self._report_depth()
+        self._wakeup.set()
+        return futures
+
+    def retry_after_s(self) -> int:
+        batches_ahead = len(self._queue) / self.policy.max_batch_size
+        return max(1, math.ceil(batches_ahead * self._batch_s + self.policy.max_queue_delay_s))
+
+    # -- batch formation -----------------------------------------------------------------------------
+
+    def _plan(self) -> tuple[list[_Entry[P, R]], bool]:
+        """Batch seeded by the oldest entry, filled by closeness of bucket. Returns (batch, budget_hit)."""
+        policy = self.policy
+        seed = self._queue[0]
+        seed_bucket = policy.bucket(seed.length)
+        rest = sorted(self._queue[1:], key=lambda e: abs(policy.bucket(e.length) - seed_bucket))
+        batch, longest, budget_hit = [seed], seed.length, False
+        for entry in rest:
+            if len(batch) >= policy.max_batch_size:
+                break
+            padded = max(longest, entry.length)
+            if padded * (len(batch) + 1) > policy.max_batch_tokens:
+                budget_hit = True  # this entry waits for a later batch; a shorter one may still fit
+                continue
+            batch.append(entry)
+            longest = padded
+        return batch, budget_hit
+
+    def _drop_done(self) -> None:
+        kept = [e for e in self._queue if not e.future.done()]
+        if len(kept) != len(self._queue):
+            self._queue = kept
+            self._report_depth()
+
+    async def _next_batch(self) -> list[_Entry[P, R]]:
+        while True:
+            self._drop_done()
+            if not self._queue:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            batch, budget_hit = self._plan()
+            waited = time.perf_counter() - self._queue[0].enqueued
+            remaining = self.policy.max_queue_delay_s - waited
+            if len(batch) >= self.policy.max_batch_size or budget_hit or remaining <= 0:
+                taken = set(map(id, batch))
+                self._queue = [e for e in self._queue if id(e) not in taken]
+                self._report_depth()
+                return batch
+            self._wakeup.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), timeout=remaining)
+
+    # -- execution -----------------------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        while True:
+            batch = await self._next_batch()
+            try:
+                await self._execute(batch)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # never let the worker die: the next batch must still run
+                log.exception("batcher %s: unexpected error", self.name)
+
+    async def _execute(self, batch: list[_Entry[P, R]]) -> None:
+        live = [e for e in batch if not e.future.done()]  # cancelled while waiting: skip, not computed
+        if not live:
+            return
+        start = time.perf_counter()
+        try:
+            results = await asyncio.get_running_loop().run_in_executor(
+                self._executor, self._run_batch, [e.payload for e in live]
+            )
+            if len(results) != len(live):
+                raise RuntimeError(f"run_batch returned {len(results)} results for {len(live)} items")
+        except Exception as exc:
+            log.warning("batcher %s: batch of %d failed: %r", self.name, len(live), exc)
+            for entry in live:
+                if not entry.future.done():
+                    entry.future.set_exception(_fan_out_error(exc))
+            return
+        inference_s = time.perf_counter() - start
+        self._batch_s = inference_s if self._batch_s == 0 else 0.8 * self._batch_s + 0.2 * inference_s
+        if self._observer is not None:
+            padded = max(e.length for e in live) * len(live)
+            self._observer.batch_done(len(live), padded, inference_s)
+        for entry, value in zip(live, results, strict=True):
+            if not entry.future.done():
+                entry.future.set_result(BatchResult(value, start - entry.enqueued, inference_s, len(live)))
+
+    def _report_depth(self) -> None:
+        if self._observer is not None:
+            self._observer.queue_depth(len(self._queue))
+
+
+def _fan_out_error(exc: Exception) -> ServeError:
+    """A fresh error per item (a shared instance would pile up tracebacks across awaiting tasks)."""
+    if isinstance(exc, ServeError):
+        return ServeError(exc.kind, exc.message, retry_after_s=exc.retry_after_s)
+    return ServeError(ErrorKind.BACKEND_FAILURE, f"inference failed: {type(exc).__name__}: {exc}")

@@ -1,0 +1,145 @@
+"""Turn request payloads into model items, and items into padded batches.
+
+An `Item` is one example: the per-example arrays of every model input (no batch axis) and its length
+(tokens for text, 1 for images). Collation pads a batch to its longest member, so a text's result does
+not depend on what it was batched with (the models mask padding).
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+from server.errors import ServeError, invalid, too_large
+from server.repository import ImagePreprocessing, ModelConfig, TextPreprocessing
+
+IDS, MASK, PIXELS = "input_ids", "attention_mask", "pixel_values"
+
+
+@dataclass(frozen=True)
+class Item:
+    arrays: dict[str, np.ndarray]  # input name -> array without batch axis: [L] for text, [C, H, W]
+    length: int  # cost unit of the batcher: tokens for text, 1 for an image
+
+
+# -- text ----------------------------------------------------------------------------------------------
+
+
+def text_item(data: bytes, prep: TextPreprocessing, truncate: bool) -> Item:
+    """UTF-8 bytes -> byte ids (+ byte_offset); longer than max_length is 413 unless truncation is asked."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise invalid(f"text must be UTF-8: {exc}") from None
+    if not data:
+        raise invalid("text must not be empty")
+    if len(data) > prep.max_length:
+        if not truncate:
+            raise too_large(
+                f"text has {len(data)} bytes; the model takes at most {prep.max_length} "
+                "(ask for truncation with parameters.truncate=true / ?truncate=true)"
+            )
+        data = data[: prep.max_length]
+    ids = np.frombuffer(data, dtype=np.uint8).astype(np.int64) + prep.byte_offset  # [L]
+    return Item({IDS: ids, MASK: np.ones_like(ids)}, length=len(data))
+
+
+def text_items_from_tensors(
+    tensors: dict[str, np.ndarray], config: ModelConfig, truncate: bool
+) -> list[Item]:
+    """Pre-tokenized `input_ids` [B, L] (+ optional `attention_mask` [B, L], 1 = real token)."""
+    prep = config.preprocessing
+    assert isinstance(prep, TextPreprocessing)
+    ids = tensors[IDS]
+    mask = tensors.get(MASK)
+    if mask is None:
+        mask = np.ones_like(ids)
+    if ids.ndim != 2 or mask.shape != ids.shape:
+        raise invalid(f"{IDS} and {MASK} must both be [batch, length]; got {ids.shape} and {mask.shape}")
+    if ids.shape[1] == 0:
+        raise invalid(f"{IDS} must have length >= 1")
+    if ids.shape[1] > prep.max_length:
+        if not truncate:
+            raise too_large(
+                f"{IDS} has length {ids.shape[1]}; the model takes at most {prep.max_length} "
+                "(or set parameters.truncate=true)"
+            )
+        ids, mask = ids[:, : prep.max_length], mask[:, : prep.max_length]
+    if ids.size and (ids.min() < 0 or ids.max() >= config.vocab_size):
+        raise invalid(f"{IDS} must be in [0, {config.vocab_size}); got [{ids.min()}, {ids.max()}]")
+    if not np.isin(mask, (0, 1)).all():
+        raise invalid(f"{MASK} must hold only 0 and 1")
+    if not mask.any(axis=1).all():
+        raise invalid(f"every row of {MASK} needs at least one 1 (a real token)")
+    # A row's trailing padding is dropped so its cost and padded length match the raw-text path.
+    items = []
+    for row_ids, row_mask in zip(ids, mask, strict=True):
+        last = int(np.flatnonzero(row_mask)[-1]) + 1
+        items.append(Item({IDS: row_ids[:last].copy(), MASK: row_mask[:last].copy()}, length=last))
+    return items
+
+
+# -- images --------------------------------------------------------------------------------------------
+
+
+def image_item(data: bytes, prep: ImagePreprocessing, max_pixels: int) -> Item:
+    """Encoded image -> grayscale, bilinear resize, [0, 1], (x - mean) / std as [1, H, W] float32."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data))
+            width, height = image.size  # read from the header: nothing decoded yet
+            if width * height > max_pixels:
+                raise too_large(f"image has {width}x{height} pixels; at most {max_pixels} are allowed")
+            image = image.convert("L").resize((prep.width, prep.height), Image.Resampling.BILINEAR)
+    except ServeError:
+        raise
+    except Exception as exc:  # Pillow raises many types for corrupt or unknown data
+        raise invalid(
+            f"cannot decode image ({type(exc).__name__}: {exc}); send PNG, JPEG or another "
+            "Pillow-readable format"
+        ) from None
+    pixels = np.asarray(image, dtype=np.float32) / 255.0  # [H, W]
+    pixels = (pixels - np.float32(prep.mean)) / np.float32(prep.std)
+    return Item({PIXELS: pixels[None].astype(np.float32)}, length=1)  # [1, H, W]
+
+
+def image_items_from_tensors(tensors: dict[str, np.ndarray], config: ModelConfig) -> list[Item]:
+    prep = config.preprocessing
+    assert isinstance(prep, ImagePreprocessing)
+    pixels = tensors[PIXELS]
+    expected = (prep.channels, prep.height, prep.width)
+    if pixels.ndim != 4 or tuple(pixels.shape[1:]) != expected:
+        raise invalid(f"{PIXELS} must be [batch, {', '.join(map(str, expected))}]; got {list(pixels.shape)}")
+    if not np.isfinite(pixels).all():
+        raise invalid(f"{PIXELS} must be finite (no NaN or Inf)")
+    return [Item({PIXELS: np.ascontiguousarray(p, dtype=np.float32)}, length=1) for p in pixels]
+
+
+# -- batches -------------------------------------------------------------------------------------------
+
+
+def collate(items: Sequence[Item], config: ModelConfig) -> dict[str, np.ndarray]:
+    """Stack items into backend inputs; text is right-padded to the longest item (mask 0 on padding)."""
+    if isinstance(config.preprocessing, ImagePreprocessing):
+        return {PIXELS: np.stack([it.arrays[PIXELS] for it in items])}  # [B, C, H, W]
+    longest = max(it.arrays[IDS].shape[0] for it in items)
+    ids = np.full((len(items), longest), config.preprocessing.pad_id, dtype=np.int64)  # [B, L]
+    mask = np.zeros((len(items), longest), dtype=np.int64)  # [B, L]
+    for row, it in enumerate(items):
+        n = it.arrays[IDS].shape[0]
+        ids[row, :n] = it.arrays[IDS]
+        mask[row, :n] = it.arrays[MASK]
+    return {IDS: ids, MASK: mask}
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise softmax in float64, returned as float32: same logits row -> same bits, whatever B is."""
+    z = logits.astype(np.float64)
+    z = np.exp(z - z.max(axis=-1, keepdims=True))
+    return (z / z.sum(axis=-1, keepdims=True)).astype(np.float32)

@@ -1,0 +1,1 @@
+"""HTTP routes: they translate HTTP to model calls and errors to statuses, nothing more."""

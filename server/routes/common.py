@@ -1,0 +1,109 @@
+"""What every route shares: app state, auth, request tracking, timing headers."""
+
+from __future__ import annotations
+
+import hmac
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+import numpy as np
+from fastapi import Depends, Request
+
+from server.batcher import BatchResult
+from server.errors import ErrorKind, ServeError
+from server.metrics import Metrics
+from server.models import ModelRegistry, ServedModel
+from server.schemas import LabelScore, Prediction
+from server.settings import Settings
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    metrics: Metrics = field(default_factory=Metrics)
+    registry: ModelRegistry = field(default_factory=ModelRegistry)
+    ready: bool = False
+
+    def model(self, name: str, version: str | None = None) -> ServedModel:
+        if not self.ready:
+            raise ServeError(
+                ErrorKind.NOT_READY, "models are loading (or the server is stopping)", retry_after_s=1
+            )
+        return self.registry.get(name, version)
+
+
+def get_state(request: Request) -> AppState:
+    return request.app.state.lara
+
+
+State = Annotated[AppState, Depends(get_state)]
+
+
+def require_api_key(request: Request, state: State) -> None:
+    """`Authorization: Bearer <key>` or `X-API-Key: <key>`, compared in constant time."""
+    key = state.settings.api_key
+    if key is None:
+        return
+    given = request.headers.get("x-api-key")
+    auth = request.headers.get("authorization", "")
+    if given is None and auth[:7].lower() == "bearer ":
+        given = auth[7:].strip()
+    if given is None or not hmac.compare_digest(given.encode(), key.get_secret_value().encode()):
+        raise ServeError(
+            ErrorKind.UNAUTHENTICATED,
+            "missing or wrong API key: send 'Authorization: Bearer <key>' or 'X-API-Key'",
+        )
+
+
+@contextmanager
+def track(state: AppState, model: str) -> Iterator[None]:
+    """Count the request by outcome and time it (metrics)."""
+    start = time.perf_counter()
+    outcome = "ok"
+    try:
+        yield
+    except ServeError as exc:
+        outcome = exc.kind.value
+        raise
+    except Exception:
+        outcome = ErrorKind.BACKEND_FAILURE.value
+        raise
+    finally:
+        # Unknown names are user input: do not let them create unbounded label values.
+        label = model if model in state.registry.models else "_unknown"
+        state.metrics.requests.labels(label, outcome).inc()
+        state.metrics.request_time.labels(label).observe(time.perf_counter() - start)
+
+
+def timing_headers(state: AppState, model: str, results: Sequence[BatchResult[Any]]) -> dict[str, str]:
+    queue_s = max(r.queue_s for r in results)
+    inference_s = max(r.inference_s for r in results)
+    for r in results:
+        state.metrics.queue_time.labels(model).observe(r.queue_s)
+    return {
+        "X-Queue-Time-Ms": f"{queue_s * 1000:.3f}",
+        "X-Inference-Time-Ms": f"{inference_s * 1000:.3f}",
+        "X-Batch-Size": str(max(r.batch_size for r in results)),
+    }
+
+
+def bool_param(params: dict[str, Any], name: str) -> bool:
+    value = params.get(name, False)
+    if not isinstance(value, bool):
+        raise ServeError(ErrorKind.MALFORMED, f"parameter {name!r} must be true or false, got {value!r}")
+    return value
+
+
+def predictions(model: ServedModel, probabilities: np.ndarray, top_k: int) -> list[Prediction]:
+    """[B, n_labels] -> one Prediction per row; ties keep label order (stable sort)."""
+    labels = model.config.labels
+    k = min(top_k, len(labels))
+    out = []
+    for row in probabilities:
+        order = np.argsort(-row, kind="stable")[:k]
+        top = [LabelScore(label=labels[i], score=float(row[i])) for i in order]
+        out.append(Prediction(label=top[0].label, score=top[0].score, top_k=top))
+    return out

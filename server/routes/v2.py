@@ -1,0 +1,161 @@
+"""KServe v2 / Open Inference Protocol REST routes (JSON and the binary tensor data extension)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import JSONResponse
+
+from server.errors import invalid, too_large
+from server.models import RAW_INPUT, ServedModel
+from server.preprocess import Item, image_items_from_tensors, text_items_from_tensors
+from server.routes.common import State, bool_param, require_api_key, timing_headers, track
+from server.schemas import ErrorBody, V2InferResponse
+from server.settings import Settings
+from server.v2_codec import HEADER_LENGTH, Tensor, decode_request, encode_response, parse_header_length
+
+SERVER_NAME = "lara-serve"
+SERVER_VERSION = "0.1.0"
+OUTPUTS = ("probabilities", "label")
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody} for code in (400, 401, 404, 413, 415, 422, 429, 503, 504)
+}
+
+health = APIRouter(tags=["v2 health"])
+router = APIRouter(tags=["v2"], dependencies=[Depends(require_api_key)], responses=_ERRORS)
+
+
+@health.get("/v2/health/live")
+async def live() -> dict[str, bool]:
+    return {"live": True}
+
+
+@health.get("/v2/health/ready", responses={503: {"description": "models are loading"}})
+async def ready(state: State) -> JSONResponse:
+    return JSONResponse({"ready": state.ready}, status_code=200 if state.ready else 503)
+
+
+@router.get("/v2")
+async def server_metadata() -> dict[str, Any]:
+    return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": ["binary_tensor_data"]}
+
+
+@router.get("/v2/models/{name}")
+@router.get("/v2/models/{name}/versions/{version}")
+async def model_metadata(name: str, state: State, version: str | None = None) -> dict[str, Any]:
+    return state.model(name, version).v2_metadata()
+
+
+@router.get("/v2/models/{name}/ready")
+@router.get("/v2/models/{name}/versions/{version}/ready")
+async def model_ready(name: str, state: State, version: str | None = None) -> dict[str, Any]:
+    model = state.model(name, version)
+    return {"name": model.name, "version": model.version, "ready": True}
+
+
+# The body is parsed by hand (it may be binary), so its schema is declared for /docs here;
+# server.app adds the referenced component schemas.
+_INFER_DOC: dict[str, Any] = {
+    "requestBody": {
+        "description": f"JSON, or a JSON header of `{HEADER_LENGTH}` bytes followed by binary tensors.",
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/V2InferRequest"}}},
+    },
+}
+_INFER_RESPONSES: dict[int | str, dict[str, Any]] = {200: {"model": V2InferResponse}}
+
+
+@router.post("/v2/models/{name}/infer", openapi_extra=_INFER_DOC, responses=_INFER_RESPONSES)
+@router.post(
+    "/v2/models/{name}/versions/{version}/infer", openapi_extra=_INFER_DOC, responses=_INFER_RESPONSES
+)
+async def infer(name: str, request: Request, state: State, version: str | None = None) -> Response:
+    settings = state.settings
+    with track(state, name):
+        model = state.model(name, version)
+        body = await request.body()
+        decoded = decode_request(body, parse_header_length(request.headers.get(HEADER_LENGTH)))
+        params = decoded.request.parameters
+        items = await _items(model, decoded.tensors, bool_param(params, "truncate"), settings)
+        results = await model.classify(items, settings.request_timeout_s)
+
+        probabilities = np.stack([r.value for r in results])  # [B, n_labels]
+        label_ids = probabilities.argmax(axis=1)  # [B]
+        labels = np.empty(len(items), dtype=object)
+        labels[:] = [model.config.labels[i].encode() for i in label_ids]
+        tensors = {"probabilities": ("FP32", probabilities), "label": ("BYTES", labels)}
+
+        binary_default = bool_param(params, "binary_data_output")
+        wanted = decoded.request.outputs
+        if wanted is None:
+            selected = [(n, *tensors[n], binary_default) for n in OUTPUTS]
+        else:
+            unknown = [o.name for o in wanted if o.name not in tensors]
+            if unknown:
+                raise invalid(f"unknown outputs {unknown}; this model has {list(OUTPUTS)}")
+            selected = [
+                (
+                    o.name,
+                    *tensors[o.name],
+                    bool_param({"binary_data_output": binary_default, **o.parameters}, "binary_data_output"),
+                )
+                for o in wanted
+            ]
+        header: dict[str, Any] = {"model_name": model.name, "model_version": model.version}
+        if decoded.request.id is not None:
+            header["id"] = decoded.request.id
+        content, headers = encode_response(header, selected)
+        return Response(content, headers={**headers, **timing_headers(state, name, results)})
+
+
+async def _items(model: ServedModel, tensors: list[Tensor], truncate: bool, settings: Settings) -> list[Item]:
+    """Either one BYTES `raw` input, or the model's preprocessed tensor inputs."""
+    by_name = {t.name: t for t in tensors}
+    if len(by_name) != len(tensors):
+        raise invalid("each input name may appear once")
+    specs = {spec.name: spec for spec in model.config.inputs}
+    allowed = f"either {RAW_INPUT!r} (BYTES) alone, or {sorted(specs)}"
+    unknown = sorted(set(by_name) - set(specs) - {RAW_INPUT})
+    if unknown:
+        raise invalid(f"unknown inputs {unknown}; model {model.name!r} takes {allowed}")
+
+    if RAW_INPUT in by_name:
+        raw = by_name[RAW_INPUT]
+        if len(tensors) != 1 or raw.datatype != "BYTES" or raw.array.ndim not in (1, 2):
+            raise invalid(f"input {RAW_INPUT!r} must be BYTES [batch] (or [batch, 1]), alone; {allowed}")
+        if raw.array.ndim == 2 and raw.array.shape[1] != 1:
+            raise invalid(f"input {RAW_INPUT!r} must be [batch] or [batch, 1], got {list(raw.array.shape)}")
+        elements = list(raw.array.reshape(-1))
+        _check_count(len(elements), settings)
+
+        def convert() -> list[Item]:
+            return [model.item_from_bytes(e, truncate, settings.max_image_pixels) for e in elements]
+
+        # Image decoding is CPU work: keep it off the event loop.
+        return await asyncio.to_thread(convert) if model.config.task == "image" else convert()
+
+    for tensor in tensors:
+        if tensor.datatype != specs[tensor.name].datatype:
+            raise invalid(
+                f"input {tensor.name!r} must be {specs[tensor.name].datatype}, got {tensor.datatype}"
+            )
+    arrays = {t.name: t.array for t in tensors}
+    if model.config.task == "text":
+        if "input_ids" not in arrays:
+            raise invalid(f"missing input 'input_ids'; model {model.name!r} takes {allowed}")
+        _check_count(arrays["input_ids"].shape[0] if arrays["input_ids"].ndim else 0, settings)
+        return text_items_from_tensors(arrays, model.config, truncate)
+    missing = sorted(set(specs) - set(arrays))
+    if missing:
+        raise invalid(f"missing inputs {missing}; model {model.name!r} takes {allowed}")
+    _check_count(arrays["pixel_values"].shape[0] if arrays["pixel_values"].ndim else 0, settings)
+    return image_items_from_tensors(arrays, model.config)
+
+
+def _check_count(count: int, settings: Settings) -> None:
+    if count == 0:
+        raise invalid("the batch must hold at least one item")
+    if count > settings.max_queue_size:
+        raise too_large(f"request has {count} items; at most max_queue_size={settings.max_queue_size}")

@@ -1,0 +1,95 @@
+"""JSON bodies of the v1 and v2 protocols (they also document the routes in /docs)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+# -- KServe v2 / Open Inference Protocol -----------------------------------------------------------------
+
+
+class V2Input(_Body):
+    name: str
+    shape: list[int] = Field(description="Dimensions, each >= 0")
+    datatype: str = Field(description="BOOL, UINT8..UINT64, INT8..INT64, FP16, FP32, FP64 or BYTES")
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    data: Any = Field(None, description="Row-major data, flat or nested; absent with binary_data_size")
+
+
+class V2RequestedOutput(_Body):
+    name: str
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+
+class V2InferRequest(_Body):
+    id: str | None = None
+    parameters: dict[str, Any] = Field(
+        default_factory=dict, description="truncate: bool (cut long texts), binary_data_output: bool"
+    )
+    inputs: list[V2Input] = Field(min_length=1)
+    outputs: list[V2RequestedOutput] | None = None
+
+
+class V2Output(_Body):
+    name: str
+    datatype: str
+    shape: list[int]
+    data: list[Any] | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class V2InferResponse(_Body):
+    model_name: str
+    model_version: str
+    id: str | None = None
+    outputs: list[V2Output]
+
+
+# -- KServe v1 ---------------------------------------------------------------------------------------
+
+
+class B64Instance(_Body):
+    model_config = ConfigDict(extra="forbid")
+    b64: str = Field(description="Base64 of the raw bytes (an image file, or UTF-8 text)")
+
+
+class V1Parameters(_Body):
+    truncate: StrictBool = Field(False, description="Cut texts longer than the model's max_length")
+    top_k: int | None = Field(None, ge=1, description="Labels in top_k (default: server's default_top_k)")
+
+
+class V1PredictRequest(_Body):
+    instances: list[str | B64Instance] = Field(
+        min_length=1, description="Texts as strings; images (or bytes) as {'b64': ...}"
+    )
+    parameters: V1Parameters = Field(default_factory=V1Parameters)
+
+
+class LabelScore(BaseModel):
+    label: str
+    score: float
+
+
+class Prediction(BaseModel):
+    label: str
+    score: float
+    top_k: list[LabelScore]
+
+
+class V1PredictResponse(BaseModel):
+    predictions: list[Prediction]
+
+
+class ClassifyResponse(Prediction):
+    model_name: str
+    model_version: str
+
+
+class ErrorBody(BaseModel):
+    error: str = Field(description="What was wrong and what is allowed")

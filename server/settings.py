@@ -1,0 +1,116 @@
+"""Server settings: flags > environment variables (prefix `LARA_`) > defaults.
+
+Each field's description states its trade-off; `python -m server --help` prints them. Impossible
+combinations are refused when the settings are built, i.e. at start-up, not at the first request.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal, Self
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_MODEL_REPOSITORY = REPO_ROOT / "model_repository"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="LARA_", extra="ignore", frozen=True)
+
+    host: str = Field("127.0.0.1", description="Interface to bind. Loopback by default; expose on purpose.")
+    port: int = Field(8000, ge=1, le=65535, description="TCP port to listen on.")
+    model_repository: Path = Field(
+        DEFAULT_MODEL_REPOSITORY,
+        description="Folder with <name>/config.json and <name>/<version>/model.onnx|model.safetensors.",
+    )
+    models: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated model names to load; empty loads every model in the repository.",
+    )
+    backend: Literal["onnxruntime", "torch"] = Field(
+        "onnxruntime",
+        description="onnxruntime runs model.onnx (lean, fast on CPU); torch runs the PyTorch model "
+        "(needs model_export; uses the Triton attention kernels on GPU).",
+    )
+    device: Literal["cpu", "cuda"] = Field(
+        "cpu", description="cuda needs a GPU build of the chosen backend; start-up fails if it is absent."
+    )
+    num_threads: int = Field(
+        0, ge=0, le=256, description="Intra-op threads of the backend; 0 keeps the library default."
+    )
+    max_batch_size: int = Field(
+        32, ge=1, le=4096, description="Most items per batch. 1 disables batching (lowest latency alone)."
+    )
+    max_batch_tokens: int = Field(
+        65536,
+        ge=1,
+        description="Token budget of a batch: padded length x items. Bounds memory and per-batch latency; "
+        "an item longer than the budget still runs, alone.",
+    )
+    max_queue_delay_ms: float = Field(
+        2.0,
+        ge=0.0,
+        le=10_000.0,
+        description="Longest wait for a batch to fill. Higher raises throughput under load and adds "
+        "latency at low load.",
+    )
+    max_queue_size: int = Field(
+        1024, ge=1, description="Items waiting per model before requests are refused with 429."
+    )
+    length_bucket_ratio: float = Field(
+        2.0,
+        gt=1.0,
+        description="Items whose lengths are within this ratio of the batch's oldest item are batched "
+        "first, so little compute is spent on padding.",
+    )
+    max_body_bytes: int = Field(
+        16 * 1024 * 1024, ge=1024, description="Largest request body; larger ones get 413."
+    )
+    max_image_pixels: int = Field(
+        4096 * 4096, ge=1, description="Largest decoded image (width x height); larger ones get 413."
+    )
+    request_timeout_s: float = Field(
+        30.0, gt=0.0, description="Queue + inference time after which a request gets 504 and is dropped."
+    )
+    default_top_k: int = Field(5, ge=1, description="Labels returned in v1 `top_k` unless asked otherwise.")
+    api_key: SecretStr | None = Field(
+        None,
+        description="If set, every route except health and docs needs `Authorization: Bearer <key>` "
+        "or `X-API-Key: <key>`.",
+    )
+    warmup: bool = Field(True, description="Run one batch per model before reporting ready.")
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
+        "info", description="uvicorn log level."
+    )
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _split_models(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [name.strip() for name in value.split(",") if name.strip()]
+        return value
+
+    @field_validator("api_key")
+    @classmethod
+    def _key_not_trivial(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < 8:
+            raise ValueError("api_key must have at least 8 characters (or be unset to disable auth)")
+        return value
+
+    @model_validator(mode="after")
+    def _refuse_impossible(self) -> Self:
+        if not self.model_repository.is_dir():
+            raise ValueError(f"model_repository {str(self.model_repository)!r} is not a directory")
+        if self.max_queue_size < self.max_batch_size:
+            raise ValueError(
+                f"max_queue_size ({self.max_queue_size}) must be >= max_batch_size ({self.max_batch_size}):"
+                " a full batch could never form"
+            )
+        if self.request_timeout_s * 1000.0 <= self.max_queue_delay_ms:
+            raise ValueError(
+                f"request_timeout_s ({self.request_timeout_s}) must exceed max_queue_delay_ms "
+                f"({self.max_queue_delay_ms} ms): requests would time out while the batch fills"
+            )
+        return self
