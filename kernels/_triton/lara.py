@@ -26,8 +26,15 @@ underflow in fp16) and F is not rounded to 16 bits. fp32 inputs use exact fp32 (
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
+import torch
 import triton
 import triton.language as tl
+from torch import Tensor
+
+from kernels.reference import ALPHA_FLOOR
 
 LOG2E = 1.4426950408889634  # log2(e): natural-log quantities times this are base-2
 
@@ -77,7 +84,7 @@ def _lara_keys_kernel(
     pid_s = tl.program_id(0)
     pid_c = tl.program_id(1)
     pid_bh = tl.program_id(2)
-    b = pid_bh // H
+    b = (pid_bh // H).to(tl.int64)  # int64: b * stride may pass 2^31 for large batches
     h = pid_bh % H
     c_idx = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     d_idx = tl.arange(0, D)
@@ -149,7 +156,7 @@ def _lara_combine_kernel(
 ):  # fmt: skip
     pid_c = tl.program_id(0)
     pid_bh = tl.program_id(1)
-    b = pid_bh // H
+    b = (pid_bh // H).to(tl.int64)  # int64: b * stride may pass 2^31 for large batches
     h = pid_bh % H
     c_idx = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     d_idx = tl.arange(0, D)
@@ -220,7 +227,7 @@ def _lara_queries_kernel(
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
-    b = pid_bh // H
+    b = (pid_bh // H).to(tl.int64)  # int64: b * stride may pass 2^31 for large batches
     h = pid_bh % H
     n_idx = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     d_idx = tl.arange(0, D)
@@ -275,3 +282,147 @@ def _lara_queries_kernel(
     out = tl.where(valid[:, None], acc / l_i[:, None], 0.0)
     tl.store(OUT + b * stride_ob + h * stride_oh + n_idx[:, None] * stride_on + d_idx[None, :],
              out.to(OUT.dtype.element_ty), mask=(n_idx < N)[:, None])  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- launcher
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Block sizes and launch options. None fields are chosen by `_default_config` (see there why)."""
+
+    block_c: int | None = None  # proposals per program (a power of two >= 16)
+    block_n_keys: int | None = None  # keys per inner step of kernel 1
+    block_n_queries: int | None = None  # queries per program of kernel 3
+    num_splits: int | None = None  # slices of N in kernel 1
+    warps_keys: int = 4
+    warps_queries: int = 4
+    stages: int = 2
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # interpreter: a few splits, so that tests exercise the combine step
+
+
+def _default_config(cfg: LaunchConfig, bh: int, n: int, c: int, d: int, device: torch.device) -> LaunchConfig:
+    # tl.dot needs every dimension >= 16. 64 proposals per block keep the [C, BLOCK_N] logit tiles and the
+    # [C, D] accumulator in registers on a GPU; larger C is swept in blocks (kernel 3 then reads rho twice).
+    block_c = cfg.block_c or max(16, min(64, triton.next_power_of_2(c)))
+    block_nk = cfg.block_n_keys or (64 if d > 64 else 128)
+    block_nq = cfg.block_n_queries or 64
+    if device.type != "cuda":  # the interpreter pays per element: no padding past the sequence
+        block_nk = cfg.block_n_keys or max(16, min(block_nk, triton.next_power_of_2(n)))
+        block_nq = cfg.block_n_queries or max(16, min(block_nq, triton.next_power_of_2(n)))
+    splits = cfg.num_splits
+    if splits is None:
+        # Fill the device about twice over, but give every split at least four key blocks.
+        programs = bh * triton.cdiv(c, block_c)
+        splits = max(1, min(triton.cdiv(2 * _sm_count(device), programs), triton.cdiv(n, 4 * block_nk)))
+    splits = max(1, min(splits, triton.cdiv(n, block_nk)))
+    return LaunchConfig(block_c, block_nk, block_nq, splits, cfg.warps_keys, cfg.warps_queries, cfg.stages)
+
+
+def _check_inputs(q, k, v, q_landmarks, k_landmarks, key_padding_mask, noise) -> None:
+    assert q.dim() == 4 and q.shape == k.shape == v.shape, f"q, k, v must be [B,H,N,D] alike, got {q.shape}"
+    b, h, n, d = q.shape
+    assert q.dtype in (torch.float16, torch.bfloat16, torch.float32), f"unsupported dtype {q.dtype}"
+    assert d in (16, 32, 64, 128), f"head dim must be 16, 32, 64 or 128, got {d}"
+    assert k.dtype == v.dtype == q.dtype, "q, k, v must share a dtype"
+    c = q_landmarks.shape[-2]
+    assert q_landmarks.shape == k_landmarks.shape == (b, h, c, d), (
+        f"landmarks must be [B,H,C,D] = [{b},{h},C,{d}], got {q_landmarks.shape} and {k_landmarks.shape}"
+    )
+    assert 1 <= c <= 256, f"1 <= C <= 256 landmarks supported, got {c}"
+    if key_padding_mask is not None:
+        assert key_padding_mask.dtype == torch.bool and key_padding_mask.shape == (b, n), (
+            f"key_padding_mask must be bool [B, N] = [{b}, {n}], got {key_padding_mask.dtype} {key_padding_mask.shape}"
+        )
+    if noise is not None:
+        assert noise.shape[0] in (1, b) and noise.shape[1:] == (h, c, d), (
+            f"noise must be [B or 1, H, C, D] = [{b}|1, {h}, {c}, {d}], got {noise.shape}"
+        )
+    devices = {t.device for t in (q, k, v, q_landmarks, k_landmarks, key_padding_mask, noise) if t is not None}
+    assert len(devices) == 1, f"all inputs must be on one device, got {devices}"
+
+
+def _rows_contiguous(t: Tensor) -> Tensor:
+    """The kernels take any strides over B, H, N but need the head dim contiguous."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def lara_forward_triton(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_landmarks: Tensor,
+    k_landmarks: Tensor,
+    key_padding_mask: Tensor | None,
+    alpha_coeff: float,
+    noise: Tensor | None,
+    *,
+    config: LaunchConfig | None = None,
+) -> Tensor:
+    """LARA forward with the fused kernels; same contract as `kernels._cpu.lara_forward_cpu`.
+
+    q, k, v: [B, H, N, D] fp16/bf16/fp32, D in {16, 32, 64, 128}; q_landmarks, k_landmarks: [B, H, C, D],
+    C <= 256; key_padding_mask: [B, N] bool (True = padding) or None; noise: [B or 1, H, C, D] or None.
+    Returns [B, H, N, D] in q's dtype; padded query rows and fully padded sequences are zero.
+    """
+    _check_inputs(q, k, v, q_landmarks, k_landmarks, key_padding_mask, noise)
+    b, h, n, d = q.shape
+    c = q_landmarks.shape[-2]
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if n == 0 or b * h == 0:
+        return out
+    q, k, v = (_rows_contiguous(t) for t in (q, k, v))
+    ql, kl = q_landmarks.contiguous(), k_landmarks.contiguous()
+    cfg = _default_config(config or LaunchConfig(), b * h, n, c, d, q.device)
+    has_noise, has_mask = noise is not None, key_padding_mask is not None
+    noise_t = noise.to(q.dtype).contiguous() if has_noise else ql  # dummy pointer when absent
+    noise_sb = (0 if noise_t.shape[0] == 1 else h * c * d) if has_noise else 0
+    mask_t = key_padding_mask.contiguous().view(torch.uint8) if has_mask else q  # dummy pointer when absent
+    qk_scale2 = LOG2E / math.sqrt(d)
+    dot_precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32 is unused by 16-bit products
+    out_precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    c_blocks = triton.cdiv(c, cfg.block_c)
+
+    # kernel 1: split partials of the key pass and of the rho normalizer
+    splits = cfg.num_splits
+    keys_per_split = triton.cdiv(triton.cdiv(n, splits), cfg.block_n_keys) * cfg.block_n_keys
+    splits = triton.cdiv(n, keys_per_split)
+    f32 = dict(device=q.device, dtype=torch.float32)
+    part_m, part_l, part_rm, part_rl = (torch.empty(b * h, splits, c, **f32) for _ in range(4))
+    part_acc = torch.empty(b * h, splits, c, d, **f32)
+    _lara_keys_kernel[(splits, c_blocks, b * h)](
+        q, k, v, ql, kl, noise_t, mask_t,
+        part_m, part_l, part_acc, part_rm, part_rl,
+        q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        noise_sb, h, n, c, keys_per_split, splits, qk_scale2,
+        D=d, BLOCK_C=cfg.block_c, BLOCK_N=cfg.block_n_keys,
+        HAS_MASK=has_mask, HAS_NOISE=has_noise, DOT_PRECISION=dot_precision,
+        num_warps=cfg.warps_keys, num_stages=cfg.stages,
+    )  # fmt: skip
+
+    # kernel 2: F [B*H, C, D], lse - log g (bias), rho normalizer, BH
+    f = torch.empty(b * h, c, d, **f32)
+    bias, rlse, bh = (torch.empty(b * h, c, **f32) for _ in range(3))
+    _lara_combine_kernel[(c_blocks, b * h)](
+        ql, kl, noise_t, part_m, part_l, part_acc, part_rm, part_rl, f, bias, rlse, bh,
+        noise_sb, h, c, splits, qk_scale2,
+        D=d, BLOCK_C=cfg.block_c, HAS_NOISE=has_noise, num_warps=4,
+    )  # fmt: skip
+
+    # kernel 3: weights and output
+    _lara_queries_kernel[(triton.cdiv(n, cfg.block_n_queries), b * h)](
+        q, ql, kl, noise_t, mask_t, f, bias, rlse, bh, out,
+        q.stride(0), q.stride(1), q.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
+        noise_sb, h, n, c, float(alpha_coeff), qk_scale2,
+        D=d, BLOCK_C=cfg.block_c, BLOCK_N=cfg.block_n_queries, NUM_C_BLOCKS=c_blocks,
+        HAS_MASK=has_mask, HAS_NOISE=has_noise, DOT_PRECISION=dot_precision,
+        OUT_PRECISION=out_precision, ALPHA_MIN=ALPHA_FLOOR,
+        num_warps=cfg.warps_queries, num_stages=cfg.stages,
+    )  # fmt: skip
+    return out
