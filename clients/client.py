@@ -1,0 +1,166 @@
+"""A small typed client over httpx for the v1 (predict, classify) and v2 (infer) routes."""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self
+
+import httpx
+import numpy as np
+
+_HEADER_LENGTH = "Inference-Header-Content-Length"
+
+
+class LaraError(RuntimeError):
+    """A non-2xx answer; `status` and the server's `error` message."""
+
+    def __init__(self, status: int, message: str, retry_after: str | None = None) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status, self.message, self.retry_after = status, message, retry_after
+
+
+@dataclass(frozen=True)
+class LabelScore:
+    label: str
+    score: float
+
+
+@dataclass(frozen=True)
+class Prediction:
+    label: str
+    score: float
+    top_k: list[LabelScore]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Prediction:
+        return cls(data["label"], data["score"], [LabelScore(t["label"], t["score"]) for t in data["top_k"]])
+
+
+@dataclass(frozen=True)
+class V2Result:
+    probabilities: np.ndarray  # [B, n_labels] float32
+    labels: list[str]
+    headers: dict[str, str]
+
+
+class LaraClient:
+    """`LaraClient("http://127.0.0.1:8000", api_key=...)`; pass `http=` to reuse an httpx.Client."""
+
+    def __init__(
+        self,
+        url: str = "http://127.0.0.1:8000",
+        api_key: str | None = None,
+        timeout_s: float = 60.0,
+        http: httpx.Client | None = None,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = http or httpx.Client(base_url=url, timeout=timeout_s)
+        self._http.headers.update(headers)
+        self.last_headers: dict[str, str] = {}
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        response = self._http.request(method, path, **kwargs)
+        self.last_headers = dict(response.headers)
+        if response.status_code >= 400:
+            try:
+                message = response.json()["error"]
+            except (ValueError, KeyError, TypeError):
+                message = response.text
+            raise LaraError(response.status_code, message, response.headers.get("retry-after"))
+        return response
+
+    # -- health and metadata -------------------------------------------------------------------------
+
+    def is_live(self) -> bool:
+        return self._http.get("/v2/health/live").status_code == 200
+
+    def is_ready(self) -> bool:
+        return self._http.get("/v2/health/ready").status_code == 200
+
+    def models(self) -> list[str]:
+        return list(self._request("GET", "/v1/models").json()["models"])
+
+    def model_info(self, model: str) -> dict[str, Any]:
+        return dict(self._request("GET", f"/v1/models/{model}").json())
+
+    def metadata(self, model: str) -> dict[str, Any]:
+        return dict(self._request("GET", f"/v2/models/{model}").json())
+
+    # -- v1 ------------------------------------------------------------------------------------------
+
+    def predict(
+        self, model: str, instances: list[str | bytes], truncate: bool = False, top_k: int | None = None
+    ) -> list[Prediction]:
+        """Texts as str; images (or raw bytes) as bytes, sent as {"b64": ...}."""
+        body = {
+            "instances": [{"b64": base64.b64encode(i).decode()} if isinstance(i, bytes) else i for i in instances],
+            "parameters": {"truncate": truncate, **({"top_k": top_k} if top_k else {})},
+        }
+        data = self._request("POST", f"/v1/models/{model}:predict", json=body).json()
+        return [Prediction.from_json(p) for p in data["predictions"]]
+
+    def classify(
+        self, model: str, data: bytes | str, content_type: str | None = None, truncate: bool = False
+    ) -> Prediction:
+        """One raw text (text/plain) or image file (image/png, image/jpeg, ...)."""
+        if isinstance(data, str):
+            data, content_type = data.encode(), content_type or "text/plain; charset=utf-8"
+        headers = {"Content-Type": content_type or "application/octet-stream"}
+        params = {"truncate": "true"} if truncate else {}
+        response = self._request("POST", f"/v1/models/{model}:classify", content=data, headers=headers,
+                                 params=params)  # fmt: skip
+        return Prediction.from_json(response.json())
+
+    # -- v2 ------------------------------------------------------------------------------------------
+
+    def infer(self, model: str, items: list[bytes], binary: bool = True, truncate: bool = False) -> V2Result:
+        """v2 infer on the BYTES `raw` input; binary=True uses the binary tensor data extension."""
+        params: dict[str, Any] = {"truncate": truncate, "binary_data_output": binary}
+        spec: dict[str, Any] = {"name": "raw", "datatype": "BYTES", "shape": [len(items)]}
+        if binary:
+            blob = b"".join(struct.pack("<I", len(i)) + i for i in items)
+            head = json.dumps({"inputs": [{**spec, "parameters": {"binary_data_size": len(blob)}}],
+                               "parameters": params}).encode()  # fmt: skip
+            kwargs: dict[str, Any] = {"content": head + blob, "headers": {_HEADER_LENGTH: str(len(head))}}
+        else:
+            kwargs = {"json": {"inputs": [{**spec, "data": [i.decode() for i in items]}], "parameters": params}}
+        response = self._request("POST", f"/v2/models/{model}/infer", **kwargs)
+        return _decode_v2(response)
+
+
+def _decode_v2(response: httpx.Response) -> V2Result:
+    body = response.content
+    split = int(response.headers.get(_HEADER_LENGTH, len(body)))
+    header, blob, offset = json.loads(body[:split]), body[split:], 0
+    out: dict[str, Any] = {}
+    for output in header["outputs"]:
+        size = (output.get("parameters") or {}).get("binary_data_size")
+        if size is None:
+            out[output["name"]] = output["data"]
+            continue
+        chunk, offset = blob[offset : offset + size], offset + size
+        if output["datatype"] == "BYTES":
+            values, pos = [], 0
+            while pos < len(chunk):
+                (n,) = struct.unpack_from("<I", chunk, pos)
+                values.append(chunk[pos + 4 : pos + 4 + n].decode())
+                pos += 4 + n
+            out[output["name"]] = values
+        else:
+            out[output["name"]] = np.frombuffer(chunk, dtype="<f4")
+    n_items = len(out["label"])
+    probabilities = np.asarray(out["probabilities"], dtype=np.float32).reshape(n_items, -1)
+    return V2Result(probabilities, list(out["label"]), dict(response.headers))

@@ -1,0 +1,52 @@
+"""Run the server in a subprocess on a free loopback port (tests, benchmarks, the load tester's demo)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def server_process(
+    args: Sequence[str] = (), env: dict[str, str] | None = None, timeout_s: float = 60.0
+) -> Iterator[str]:
+    """`python -m server ARGS` on 127.0.0.1:<free port>; yields its base URL once /v2/health/ready is 200."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port), *args]
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    log.seek(0)
+                    raise RuntimeError(f"server did not become ready: {log.read().decode()[-3000:]}")
+                try:
+                    if httpx.get(f"{url}/v2/health/ready", timeout=1.0).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.1)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
