@@ -106,11 +106,12 @@ def _lara_keys_kernel(
     for n0 in range(n_start, n_end, BLOCK_N):
         n_idx = n0 + tl.arange(0, BLOCK_N)
         inside = n_idx < n_end
+        # padded rows load as zero: whatever a batcher left there (even inf/NaN) never enters a product
         valid = _valid_rows(MASK, b, n_idx, N, HAS_MASK) & inside
 
         # -- log xi(k_m, w_c) = w^.k^ - ||k^||^2/2, masked; online softmax over keys --
         k = tl.load(K + b * stride_kb + h * stride_kh + n_idx[:, None] * stride_kn + d_idx[None, :],
-                    mask=inside[:, None], other=0.0)  # fmt: skip
+                    mask=valid[:, None], other=0.0)  # fmt: skip
         kf = k.to(tl.float32)
         k_sq = tl.sum(kf * kf, axis=1)  # [BLOCK_N]
         s = tl.dot(ws2, tl.trans(k), input_precision=DOT_PRECISION) - (0.5 * qk_scale2) * k_sq[None, :]
@@ -121,13 +122,13 @@ def _lara_keys_kernel(
         corr = tl.exp2(m_i - m_use)
         l_i = l_i * corr + tl.sum(p, axis=1)
         v = tl.load(V + b * stride_vb + h * stride_vh + n_idx[:, None] * stride_vn + d_idx[None, :],
-                    mask=inside[:, None], other=0.0)  # fmt: skip
+                    mask=valid[:, None], other=0.0)  # fmt: skip
         acc = acc * corr[:, None] + tl.dot(p.to(op_dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
         # -- rho normalizer: log-sum-exp over valid queries of q~_c . q_n / sqrt(d) --
         q = tl.load(Q + b * stride_qb + h * stride_qh + n_idx[:, None] * stride_qn + d_idx[None, :],
-                    mask=inside[:, None], other=0.0)  # fmt: skip
+                    mask=valid[:, None], other=0.0)  # fmt: skip
         r = tl.dot(qls2, tl.trans(q), input_precision=DOT_PRECISION)
         r = tl.where(valid[None, :], r, float("-inf"))  # [BLOCK_C, BLOCK_N]
         rm_new = tl.maximum(rm_i, tl.max(r, axis=1))
@@ -236,7 +237,7 @@ def _lara_queries_kernel(
     lm_off = pid_bh * C * D
     noise_off = b * stride_noise_b + h * C * D
     q = tl.load(Q + b * stride_qb + h * stride_qh + n_idx[:, None] * stride_qn + d_idx[None, :],
-                mask=(n_idx < N)[:, None], other=0.0)  # fmt: skip
+                mask=valid[:, None], other=0.0)  # fmt: skip
 
     # -- mean over c of rho_nc: a first sweep over C, needed only when C spans several blocks --
     rho_sum = tl.zeros([BLOCK_N], tl.float32)
