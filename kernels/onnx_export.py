@@ -30,7 +30,7 @@ import onnxscript
 import torch
 from onnxscript import BOOL, FLOAT
 from onnxscript import opset20 as op
-from onnxscript.values import Opset
+from onnxscript.values import Op, Opset
 
 DOMAIN = "com.lara"
 DOMAIN_VERSION = 1
@@ -110,6 +110,37 @@ def LaraAttention(  # noqa: N802 - the ONNX op name
     return op.CastLike(out, q)
 
 
+def _lara_schema() -> onnx.defs.OpSchema:
+    """The node's schema, for the exporter's tracer only (never registered with onnx.defs).
+
+    The translation must emit a plain node, not call the onnxscript function: the exporter's opset
+    conversion inlines every model-local function it finds, which would leave a decomposed graph.
+    """
+    param = onnx.defs.OpSchema.FormalParameter
+    floats = ("T", ["tensor(float)", "tensor(float16)", "tensor(bfloat16)", "tensor(double)"], "float tensors")
+    return onnx.defs.OpSchema(
+        OP_NAME,
+        DOMAIN,
+        DOMAIN_VERSION,
+        "LARA linear randomized attention (eval path; see kernels/onnx_export.py).",
+        inputs=[
+            *(param(n, "T") for n in ("q", "k", "v", "q_landmarks", "k_landmarks")),
+            param("key_padding_mask", "tensor(bool)"),
+            param("noise", "T"),
+        ],
+        outputs=[param("out", "T")],
+        type_constraints=[floats],
+        attributes=[
+            onnx.defs.OpSchema.Attribute(
+                "alpha_coeff", onnx.helper.make_attribute("alpha_coeff", 1.0), "mis-opt lambda"
+            )
+        ],
+    )
+
+
+_LARA_OP = Op(lara_opset, OP_NAME, _lara_schema())
+
+
 def _translate_lara_attention(
     q,
     k,
@@ -127,7 +158,7 @@ def _translate_lara_attention(
         key_padding_mask = op.Constant(value=onnx.numpy_helper.from_array(np.zeros((1, 1), dtype=np.bool_)))
     if noise is None:
         noise = op.CastLike(op.Constant(value=onnx.numpy_helper.from_array(np.zeros((1, 1, 1, 1), np.float32))), q)
-    return LaraAttention(q, k, v, q_landmarks, k_landmarks, key_padding_mask, noise, alpha_coeff=alpha_coeff)
+    return _LARA_OP(q, k, v, q_landmarks, k_landmarks, key_padding_mask, noise, alpha_coeff=alpha_coeff)
 
 
 def custom_translation_table() -> dict:
