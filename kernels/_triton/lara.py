@@ -41,12 +41,11 @@ LOG2E = 1.4426950408889634  # log2(e): natural-log quantities times this are bas
 
 # ----------------------------------------------------------------------------- shared device helpers
 @triton.jit
-def _load_samples(QL, KL, NOISE, lm_off, noise_off, c_idx, d_idx, C, HAS_NOISE: tl.constexpr):
+def _load_samples(QL, KL, NOISE, lm_off, noise_off, c_idx, d_idx, C, D: tl.constexpr, HAS_NOISE: tl.constexpr):
     """Samples and landmarks of proposals c_idx: (w_c, q~_c, mu_c) fp32 [BLOCK_C, D], raw space.
 
     Rows c >= C load as zero; callers mask them.
     """
-    D: tl.constexpr = d_idx.shape[0]
     offs = c_idx[:, None] * D + d_idx[None, :]  # [BLOCK_C, D]
     cm = (c_idx < C)[:, None]
     ql = tl.load(QL + lm_off + offs, mask=cm, other=0.0).to(tl.float32)
@@ -91,7 +90,9 @@ def _lara_keys_kernel(
     op_dtype = K.dtype.element_ty
 
     # -- samples and query landmarks of this block of proposals, base-2 scaled --
-    w, ql, _ = _load_samples(QL, KL, NOISE, pid_bh * C * D, b * stride_noise_b + h * C * D, c_idx, d_idx, C, HAS_NOISE)
+    lm_off = pid_bh * C * D
+    noise_off = b * stride_noise_b + h * C * D
+    w, ql, _ = _load_samples(QL, KL, NOISE, lm_off, noise_off, c_idx, d_idx, C, D, HAS_NOISE)
     ws2 = (w * qk_scale2).to(op_dtype)  # [BLOCK_C, D]
     qls2 = (ql * qk_scale2).to(op_dtype)  # [BLOCK_C, D]
 
@@ -165,15 +166,15 @@ def _lara_combine_kernel(
     lm_off = pid_bh * C * D
 
     # -- balance heuristic: log g_c'(w_c) = w^_c.mu^_c' - ||mu^_c'||^2/2 (base 2), softmax over c' --
-    w, _, mu = _load_samples(QL, KL, NOISE, lm_off, b * stride_noise_b + h * C * D, c_idx, d_idx, C,
-                             HAS_NOISE)  # fmt: skip
+    noise_off = b * stride_noise_b + h * C * D
+    w, _, mu = _load_samples(QL, KL, NOISE, lm_off, noise_off, c_idx, d_idx, C, D, HAS_NOISE)
     ws2 = w * qk_scale2  # [BLOCK_C, D]
     own = tl.sum(ws2 * mu, axis=1) - (0.5 * qk_scale2) * tl.sum(mu * mu, axis=1)  # log2 g_c(w_c)
     g_max = tl.full([BLOCK_C], float("-inf"), tl.float32)
     g_sum = tl.zeros([BLOCK_C], tl.float32)
     for c0 in range(0, C, BLOCK_C):
         cols = c0 + tl.arange(0, BLOCK_C)
-        _, _, mu_cols = _load_samples(QL, KL, NOISE, lm_off, 0, cols, d_idx, C, False)
+        _, _, mu_cols = _load_samples(QL, KL, NOISE, lm_off, 0, cols, d_idx, C, D, False)
         mu_sq = tl.sum(mu_cols * mu_cols, axis=1)
         g = tl.dot(ws2, tl.trans(mu_cols), input_precision="ieee") - (0.5 * qk_scale2) * mu_sq[None, :]
         g = tl.where((cols < C)[None, :], g, float("-inf"))  # [BLOCK_C, BLOCK_C]
@@ -244,7 +245,7 @@ def _lara_queries_kernel(
     if NUM_C_BLOCKS > 1:
         for cb in range(NUM_C_BLOCKS):
             c_idx = cb * BLOCK_C + tl.arange(0, BLOCK_C)
-            _, ql, _ = _load_samples(QL, KL, NOISE, lm_off, noise_off, c_idx, d_idx, C, False)
+            _, ql, _ = _load_samples(QL, KL, NOISE, lm_off, noise_off, c_idx, d_idx, C, D, False)
             r = tl.dot(q, tl.trans((ql * qk_scale2).to(op_dtype)), input_precision=DOT_PRECISION)
             rlse = tl.load(RLSE + pid_bh * C + c_idx, mask=c_idx < C, other=0.0)
             rho = tl.where((c_idx < C)[None, :], tl.exp2(r - rlse[None, :]), 0.0)  # [BLOCK_N, BLOCK_C]
@@ -257,7 +258,7 @@ def _lara_queries_kernel(
     for cb in range(NUM_C_BLOCKS):
         c_idx = cb * BLOCK_C + tl.arange(0, BLOCK_C)
         cm = c_idx < C
-        w, ql, _ = _load_samples(QL, KL, NOISE, lm_off, noise_off, c_idx, d_idx, C, HAS_NOISE)
+        w, ql, _ = _load_samples(QL, KL, NOISE, lm_off, noise_off, c_idx, d_idx, C, D, HAS_NOISE)
         # rho_nc = softmax over valid queries of q~_c . q_n / sqrt(d)
         r = tl.dot(q, tl.trans((ql * qk_scale2).to(op_dtype)), input_precision=DOT_PRECISION)
         rlse = tl.load(RLSE + pid_bh * C + c_idx, mask=cm, other=0.0)
@@ -294,8 +295,8 @@ class LaunchConfig:
     block_n_keys: int | None = None  # keys per inner step of kernel 1
     block_n_queries: int | None = None  # queries per program of kernel 3
     num_splits: int | None = None  # slices of N in kernel 1
-    warps_keys: int = 4
-    warps_queries: int = 4
+    warps_keys: int | None = None  # default 4, or 8 for D = 128 (larger [*, D] accumulators)
+    warps_queries: int | None = None
     stages: int = 2
 
 
@@ -320,7 +321,10 @@ def _default_config(cfg: LaunchConfig, bh: int, n: int, c: int, d: int, device: 
         programs = bh * triton.cdiv(c, block_c)
         splits = max(1, min(triton.cdiv(2 * _sm_count(device), programs), triton.cdiv(n, 4 * block_nk)))
     splits = max(1, min(splits, triton.cdiv(n, block_nk)))
-    return LaunchConfig(block_c, block_nk, block_nq, splits, cfg.warps_keys, cfg.warps_queries, cfg.stages)
+    warps = 8 if d > 64 else 4
+    return LaunchConfig(
+        block_c, block_nk, block_nq, splits, cfg.warps_keys or warps, cfg.warps_queries or warps, cfg.stages
+    )
 
 
 def _check_inputs(q, k, v, q_landmarks, k_landmarks, key_padding_mask, noise) -> None:
