@@ -116,7 +116,10 @@ def _from_json(name: str, datatype: str, shape: list[int], data: Any) -> np.ndar
         if not all(isinstance(v, str) for v in flat):
             raise invalid(f"input {name!r}: BYTES data in JSON must be strings")
         array = np.empty(count, dtype=object)
-        array[:] = [v.encode("utf-8") for v in flat]
+        try:
+            array[:] = [v.encode("utf-8") for v in flat]
+        except UnicodeEncodeError:  # lone surrogates, which json.loads lets through
+            raise invalid(f"input {name!r}: BYTES strings must be valid Unicode") from None
         return array.reshape(shape)
     dtype = NUMERIC_DTYPES.get(datatype)
     if dtype is None:
