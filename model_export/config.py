@@ -1,0 +1,91 @@
+"""Frozen configuration dataclasses: attention, image ViT and byte-level text transformer."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+AttentionKind = Literal["softmax", "performer", "ra", "lara"]
+ATTENTION_KINDS: tuple[str, ...] = ("softmax", "performer", "ra", "lara")
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """How every attention layer of a model mixes tokens (spec sections 2-5, 7)."""
+
+    kind: AttentionKind = "lara"
+    num_landmarks: int = 49  # LARA proposals C (perfect square for images)
+    landmark_module: Literal["light", "none"] = "light"  # spec 5.2: Linear+LayerNorm per head dim
+    mixed: bool = False  # spec 5.2 `-mixed`: one softmax round among key landmarks (2-D only)
+    alpha_coeff: float = 1.0
+    performer_features: int = 64
+    eval_noise: Literal["mean", "fixed"] = "mean"  # spec 7: deterministic eval modes
+    qkv_bias: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kind not in ATTENTION_KINDS:
+            raise ValueError(f"attention kind must be one of {ATTENTION_KINDS}, got {self.kind!r}")
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    """ViT for 28x28 grayscale images: conv stem -> token grid -> pre-LN blocks -> GAP -> head."""
+
+    arch: str = "vit"
+    image_size: int = 28
+    in_chans: int = 1
+    patch_size: int = 2  # stride of the last stem conv: 2 -> 14x14 = 196 tokens, 1 -> 784
+    stem_channels: int = 32  # 0: plain linear patch embedding (no conv stem)
+    stem_layers: int = 2  # 3x3 convs at full resolution before the strided one
+    dim: int = 96
+    depth: int = 4
+    heads: int = 3
+    mlp_ratio: float = 2.0
+    drop_path: float = 0.0
+    num_classes: int = 10
+    mean: float = 0.2860  # Fashion-MNIST train pixel mean of x/255
+    std: float = 0.3530
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+
+
+@dataclass(frozen=True)
+class TextConfig:
+    """Byte-level (or small-vocabulary) encoder: one position per token, masked mean pooling."""
+
+    arch: str = "text"
+    vocab_size: int = 257  # byte + 1, 0 = pad
+    max_length: int = 8192
+    dim: int = 128
+    depth: int = 2
+    heads: int = 4
+    mlp_ratio: float = 2.0
+    ngram_buckets: int = 0  # >0: hashed 2..4-gram embeddings added at every position
+    ngram_orders: tuple[int, ...] = (2, 3, 4)
+    dropout: float = 0.1
+    num_classes: int = 5
+    attention: AttentionConfig = field(default_factory=lambda: AttentionConfig(num_landmarks=16))
+
+
+ModelConfig = ViTConfig | TextConfig
+
+
+def config_to_dict(cfg: ModelConfig) -> dict[str, Any]:
+    """Architecture dict for config.json ("model" + "attention" sections)."""
+    d = dataclasses.asdict(cfg)
+    d.pop("attention")
+    if "ngram_orders" in d:
+        d["ngram_orders"] = list(d["ngram_orders"])
+    return d
+
+
+def config_from_dict(model: dict[str, Any], attention: dict[str, Any]) -> ModelConfig:
+    """Inverse of `config_to_dict`; unknown keys are an error so stale configs fail loudly."""
+    arch = model.get("arch")
+    cls = {"vit": ViTConfig, "text": TextConfig}.get(arch)
+    if cls is None:
+        raise ValueError(f"unknown model arch {arch!r}; expected 'vit' or 'text'")
+    kw = dict(model)
+    if "ngram_orders" in kw:
+        kw["ngram_orders"] = tuple(kw["ngram_orders"])
+    return cls(**kw, attention=AttentionConfig(**attention))

@@ -1,0 +1,130 @@
+"""A small registry of named model configurations and `create_model(name, **overrides)`."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from torch import nn
+
+from model_export.config import AttentionConfig, ModelConfig, TextConfig, ViTConfig
+from model_export.text import TextEncoder
+from model_export.vit import ViT
+
+FASHION_LABELS = [
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+]
+NEWS_LABELS = ["business", "entertainment", "politics", "sport", "tech"]
+LISTOPS_LABELS = [str(i) for i in range(10)]
+
+_REGISTRY: dict[str, ModelConfig] = {
+    "lara-vit-fashion": ViTConfig(
+        patch_size=2,
+        stem_channels=24,
+        stem_layers=2,
+        dim=64,
+        depth=3,
+        heads=2,
+        mlp_ratio=2.0,
+        attention=AttentionConfig(kind="lara", num_landmarks=49),
+    ),
+    "lara-text-news": TextConfig(
+        max_length=8192,
+        dim=128,
+        depth=2,
+        heads=4,
+        ngram_buckets=16381,
+        dropout=0.1,
+        attention=AttentionConfig(kind="lara", num_landmarks=16),
+    ),
+    "lara-listops": TextConfig(
+        vocab_size=16,
+        max_length=2000,
+        dim=64,
+        depth=2,
+        heads=2,
+        mlp_ratio=2.0,
+        dropout=0.1,
+        num_classes=10,
+        attention=AttentionConfig(kind="lara", num_landmarks=16),
+    ),
+    # Tiny configurations for tests and smoke runs.
+    "tiny-vit": ViTConfig(
+        patch_size=2,
+        stem_channels=8,
+        stem_layers=1,
+        dim=16,
+        depth=1,
+        heads=2,
+        mlp_ratio=1.0,
+        attention=AttentionConfig(kind="lara", num_landmarks=49),
+    ),
+    "tiny-text": TextConfig(
+        max_length=8192,
+        dim=16,
+        depth=1,
+        heads=2,
+        mlp_ratio=1.0,
+        ngram_buckets=97,
+        dropout=0.0,
+        attention=AttentionConfig(kind="lara", num_landmarks=4),
+    ),
+}
+
+LABELS = {
+    "lara-vit-fashion": FASHION_LABELS,
+    "lara-text-news": NEWS_LABELS,
+    "lara-listops": LISTOPS_LABELS,
+    "tiny-vit": FASHION_LABELS,
+    "tiny-text": NEWS_LABELS,
+}
+
+
+def list_models() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get_config(name: str, **overrides: Any) -> ModelConfig:
+    """Registered config with overrides; `attention="softmax"` (a kind) or an AttentionConfig/dict."""
+    if name not in _REGISTRY:
+        raise KeyError(f"unknown model {name!r}; registered: {list_models()}")
+    cfg = _REGISTRY[name]
+    att = overrides.pop("attention", None)
+    if isinstance(att, str):
+        att = dataclasses.replace(cfg.attention, kind=att)
+    elif isinstance(att, dict):
+        att = dataclasses.replace(cfg.attention, **att)
+    if att is not None:
+        overrides["attention"] = att
+    return dataclasses.replace(cfg, **overrides)
+
+
+def build_model(cfg: ModelConfig, seed: int = 0) -> nn.Module:
+    if isinstance(cfg, ViTConfig):
+        return ViT(cfg, seed=seed)
+    if isinstance(cfg, TextConfig):
+        return TextEncoder(cfg, seed=seed)
+    raise TypeError(f"no model class for config {type(cfg).__name__}")
+
+
+def create_model(name: str, seed: int = 0, **overrides: Any) -> nn.Module:
+    """Build a registered model, e.g. create_model("lara-vit-fashion", attention="performer", depth=2)."""
+    return build_model(get_config(name, **overrides), seed=seed)
+
+
+DATASETS = {
+    "lara-vit-fashion": "fashion",
+    "lara-text-news": "news",
+    "lara-listops": "listops",
+    "tiny-vit": "fashion",
+    "tiny-text": "news",
+}

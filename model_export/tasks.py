@@ -1,0 +1,135 @@
+"""Tasks bind a dataset to a model family: training batches (with augmentation) and eval batches.
+
+Each task yields (inputs: dict of named tensors for model(**inputs), labels [B]).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from model_export import data
+
+Batch = tuple[dict[str, Tensor], Tensor]
+
+
+def _augment_images(x: Tensor, g: torch.Generator, pad: int = 2) -> Tensor:
+    """Random crop with zero padding and horizontal flip, per example. x: uint8 [B, 1, H, W]."""
+    b, _, h, w = x.shape
+    padded = torch.nn.functional.pad(x, (pad, pad, pad, pad))  # [B, 1, H+2p, W+2p]
+    off = torch.randint(0, 2 * pad + 1, (b, 2), generator=g)
+    out = torch.stack([padded[i, :, oy : oy + h, ox : ox + w] for i, (oy, ox) in enumerate(off.tolist())])
+    flip = torch.rand(b, generator=g) < 0.5
+    return torch.where(flip[:, None, None, None], out.flip(-1), out)
+
+
+@dataclass
+class ImageTask:
+    """Fashion-MNIST: uint8 images are normalized with the config's mean/std (the server's preprocessing)."""
+
+    images: Tensor
+    labels: Tensor
+    mean: float
+    std: float
+    augment: bool = True
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def train_batches(self, batch_size: int, g: torch.Generator) -> Iterator[Batch]:
+        perm = torch.randperm(len(self), generator=g)
+        for i in range(0, len(perm) - batch_size + 1, batch_size):  # drop the ragged last batch
+            idx = perm[i : i + batch_size]
+            x = self.images[idx]
+            if self.augment:
+                x = _augment_images(x, g)
+            yield {"pixel_values": data.normalize_images(x, self.mean, self.std)}, self.labels[idx]
+
+    def eval_batches(self, batch_size: int) -> Iterator[Batch]:
+        for i in range(0, len(self), batch_size):
+            x = data.normalize_images(self.images[i : i + batch_size], self.mean, self.std)
+            yield {"pixel_values": x}, self.labels[i : i + batch_size]
+
+    def steps_per_epoch(self, batch_size: int) -> int:
+        return len(self) // batch_size
+
+
+@dataclass
+class SequenceTask:
+    """Token sequences (bytes or ListOps ids): length-bucketed batches, right padding, attention_mask."""
+
+    seqs: list[list[int]]
+    labels: Tensor
+    train_length: int  # truncation for training
+    eval_length: int  # truncation for evaluation (the model's max_length)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def train_batches(self, batch_size: int, g: torch.Generator) -> Iterator[Batch]:
+        perm = torch.randperm(len(self), generator=g).tolist()
+        # Sort within windows of 32 batches to cut padding while keeping batches random.
+        win = batch_size * 32
+        batches: list[list[int]] = []
+        for s in range(0, len(perm), win):
+            chunk = sorted(perm[s : s + win], key=lambda i: len(self.seqs[i]))
+            batches += [chunk[j : j + batch_size] for j in range(0, len(chunk), batch_size)]
+        order = torch.randperm(len(batches), generator=g).tolist()
+        for b in order:
+            idx = batches[b]
+            ids, mask = data.pad_batch([self.seqs[i][: self.train_length] for i in idx])
+            yield {"input_ids": ids, "attention_mask": mask}, self.labels[idx]
+
+    def eval_batches(self, batch_size: int) -> Iterator[Batch]:
+        for i in range(0, len(self), batch_size):
+            ids, mask = data.pad_batch([s[: self.eval_length] for s in self.seqs[i : i + batch_size]])
+            yield {"input_ids": ids, "attention_mask": mask}, self.labels[i : i + batch_size]
+
+    def steps_per_epoch(self, batch_size: int) -> int:
+        return math.ceil(len(self) / batch_size)
+
+
+Task = ImageTask | SequenceTask
+
+
+def _subset(task: Task, idx: Tensor) -> Task:
+    if isinstance(task, ImageTask):
+        return ImageTask(task.images[idx], task.labels[idx], task.mean, task.std, task.augment)
+    return SequenceTask([task.seqs[i] for i in idx.tolist()], task.labels[idx], task.train_length, task.eval_length)
+
+
+def load_task(dataset: str, split: str, cfg: Any, train_length: int | None = None, limit: int | None = None) -> Task:
+    """split: "train" | "val" | "test" | "trainval". val is a seeded holdout of the train split."""
+    base = "test" if split == "test" else "train"
+    if dataset == "fashion":
+        images, labels = data.load_fashion(base)
+        task: Task = ImageTask(images, labels, cfg.mean, cfg.std, augment=split == "train")
+        n_val = 2000
+    elif dataset == "news":
+        docs = data.load_news(base)
+        seqs = [data.encode_bytes(d.text, cfg.max_length) for d in docs]
+        labels = torch.tensor([d.label for d in docs], dtype=torch.int64)
+        task = SequenceTask(seqs, labels, train_length or cfg.max_length, cfg.max_length)
+        n_val = 150
+    elif dataset == "listops":
+        from model_export import listops
+
+        seqs, lab = listops.load_split(base if base == "test" else "train")
+        task = SequenceTask(seqs, torch.tensor(lab, dtype=torch.int64), train_length or cfg.max_length, cfg.max_length)
+        n_val = 0
+        if split == "val":
+            seqs, lab = listops.load_split("val")
+            return SequenceTask(seqs, torch.tensor(lab), cfg.max_length, cfg.max_length)
+    else:
+        raise ValueError(f"unknown dataset {dataset!r}")
+    if split in ("train", "val") and n_val:
+        tr, va = data.holdout_split(len(task), n_val, seed=1234)
+        task = _subset(task, tr if split == "train" else va)
+    if limit is not None and limit < len(task):
+        task = _subset(task, torch.arange(limit))
+    return task

@@ -1,0 +1,95 @@
+"""Byte-level text encoder: byte (+ hashed n-gram) embeddings, sinusoidal positions, masked mean pooling."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from model_export.config import TextConfig
+from model_export.layers import Block, init_weights
+
+# Exact polynomial code of the n-gram (base 257 > any id, so no int64 overflow up to 4-grams),
+# then an order-salted modulus; use a prime bucket count for an even spread.
+_BASE = 257
+_ORDER_SALT = 1_000_003
+
+
+def sinusoidal(positions: Tensor, dim: int) -> Tensor:
+    """positions [B, N] int -> [B, N, dim] sin/cos embeddings (work for any length)."""
+    half = dim // 2
+    freq = torch.exp(-math.log(10000.0) * torch.arange(half, device=positions.device, dtype=torch.float32) / half)
+    ang = positions.to(torch.float32)[..., None] * freq  # [B, N, half]
+    return torch.cat([ang.sin(), ang.cos()], dim=-1)  # [B, N, dim]
+
+
+class NgramEmbedding(nn.Module):
+    """fastText-style hashed n-grams ending at each position, computed from input_ids in the graph.
+
+    The n-gram at position i covers ids i-n+1..i; ids before the document start are pad (0), so a
+    document's n-grams never depend on how much padding surrounds it.
+    """
+
+    def __init__(self, buckets: int, orders: tuple[int, ...], dim: int) -> None:
+        super().__init__()
+        self.buckets = buckets
+        self.orders = orders
+        self.table = nn.Embedding(buckets, dim)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        n_max = max(self.orders)
+        padded = nn.functional.pad(ids, (n_max - 1, 0))  # [B, N + n_max - 1]
+        n = ids.shape[1]
+        out = torch.zeros(ids.shape + (self.table.embedding_dim,), dtype=self.table.weight.dtype, device=ids.device)
+        h = torch.zeros_like(ids)
+        for back in range(n_max):
+            shifted = padded[:, n_max - 1 - back : n_max - 1 - back + n]  # id at i - back, [B, N]
+            h = h + shifted * _BASE**back  # [B, N]
+            if back + 1 in self.orders:
+                bucket = (h + (back + 1) * _ORDER_SALT) % self.buckets
+                out = out + self.table(bucket)  # [B, N, D]
+        return out
+
+
+class TextEncoder(nn.Module):
+    """forward(input_ids [B, N] int64, attention_mask [B, N] int64 1=real) -> logits [B, C] float32."""
+
+    def __init__(self, cfg: TextConfig, seed: int = 0) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.dim, padding_idx=0)
+        self.ngrams = NgramEmbedding(cfg.ngram_buckets, cfg.ngram_orders, cfg.dim) if cfg.ngram_buckets else None
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(
+            Block(cfg.dim, cfg.heads, cfg.mlp_ratio, cfg.attention, i, dropout=cfg.dropout, seed=seed)
+            for i in range(cfg.depth)
+        )
+        self.norm = nn.LayerNorm(cfg.dim)
+        self.head = nn.Linear(cfg.dim, cfg.num_classes)
+        init_weights(self)
+        nn.init.normal_(self.embed.weight, std=0.02)
+        if self.ngrams is not None:
+            nn.init.normal_(self.ngrams.table.weight, std=0.02)
+
+    def forward_features(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        valid = attention_mask > 0  # [B, N]
+        ids = input_ids * valid.long()  # pad positions read id 0 whatever they hold
+        # Positions count real tokens only, so left or right padding leaves them unchanged.
+        pos = (valid.long().cumsum(-1) - 1).clamp_min(0)  # [B, N]
+        x = self.embed(ids) + sinusoidal(pos, self.cfg.dim) * 0.1  # [B, N, D]
+        if self.ngrams is not None:
+            x = x + self.ngrams(ids)
+        x = self.drop(x)
+        pad = ~valid
+        for blk in self.blocks:
+            x = blk(x, pad, None)
+        return self.norm(x)  # [B, N, D]
+
+    def forward_head(self, x: Tensor, attention_mask: Tensor) -> Tensor:
+        m = (attention_mask > 0).to(x.dtype)[..., None]  # [B, N, 1]
+        pooled = (x * m).sum(1) / m.sum(1).clamp_min(1.0)  # [B, D]
+        return self.head(pooled).float()
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        return self.forward_head(self.forward_features(input_ids, attention_mask), attention_mask)
