@@ -37,7 +37,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def make_settings(repo: Path) -> Callable[..., Settings]:
     def build(**overrides: Any) -> Settings:
-        return Settings(model_repository=repo, max_queue_delay_ms=2.0, **overrides)
+        return Settings(**({"model_repository": repo, "max_queue_delay_ms": 2.0} | overrides))
 
     return build
 

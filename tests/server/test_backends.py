@@ -1,0 +1,93 @@
+"""Backends alone (no HTTP), start-up refusals, and the real model_export torch artifact if present."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import IMAGE, TEXT
+
+from server.backends import BackendUnavailable, create_backend
+from server.backends.pytorch import TorchBackend
+from server.models import load_models
+from server.preprocess import collate, text_item
+from server.repository import RepositoryError, read_config
+from server.settings import DEFAULT_MODEL_REPOSITORY, Settings
+from server.synthetic import load_synthetic
+
+
+def test_onnxruntime_runs_text_and_image(repo: Path) -> None:
+    for name, inputs in ((TEXT, None), (IMAGE, {"pixel_values": np.zeros((3, 1, 28, 28), np.float32)})):
+        config = read_config(repo / name)
+        backend = create_backend("onnxruntime", repo / name, config, "cpu", num_threads=1)
+        if inputs is None:
+            inputs = collate([text_item(b"hi", config.preprocessing, False)] * 3, config)  # type: ignore[arg-type]
+        logits = backend.run(inputs)
+        assert logits.shape == (3, len(config.labels)) and logits.dtype == np.float32
+
+
+def test_torch_backend_matches_onnxruntime(repo: Path) -> None:
+    config = read_config(repo / TEXT)
+    inputs = collate([text_item(b"hello", config.preprocessing, False),  # type: ignore[arg-type]
+                      text_item(b"a longer text", config.preprocessing, False)], config)  # type: ignore[arg-type]  # fmt: skip
+    ort_logits = create_backend("onnxruntime", repo / TEXT, config, "cpu").run(inputs)
+    torch_logits = TorchBackend(repo / TEXT, config, "cpu", loader=load_synthetic).run(inputs)
+    np.testing.assert_allclose(torch_logits, ort_logits, atol=1e-5)
+
+
+def test_cuda_without_gpu_is_refused_at_start_up(repo: Path) -> None:
+    import onnxruntime
+    import torch
+
+    config = read_config(repo / TEXT)
+    if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+        with pytest.raises(BackendUnavailable, match="onnxruntime-gpu"):
+            create_backend("onnxruntime", repo / TEXT, config, "cuda")
+    if not torch.cuda.is_available():
+        with pytest.raises(BackendUnavailable, match="CUDA"):
+            create_backend("torch", repo / TEXT, config, "cuda")
+
+
+def test_bad_repositories_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(RepositoryError, match="no model"):
+        load_models(Settings(model_repository=tmp_path))
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text('{"name": "broken", "task": "text"}')
+    with pytest.raises(RepositoryError, match="unusable model config"):
+        load_models(Settings(model_repository=tmp_path))
+
+
+def test_missing_onnx_file_is_explained(repo: Path, tmp_path: Path) -> None:
+    config = read_config(repo / TEXT)
+    with pytest.raises(BackendUnavailable, match="does not exist"):
+        create_backend("onnxruntime", tmp_path, config, "cpu")
+
+
+def test_torch_backend_without_model_export_says_why(repo: Path) -> None:
+    try:
+        from model_export import load_pretrained  # noqa: F401
+    except ImportError:
+        with pytest.raises(BackendUnavailable, match="model_export"):
+            create_backend("torch", repo / TEXT, read_config(repo / TEXT), "cpu")
+    else:
+        pytest.skip("model_export.load_pretrained exists; covered by test_real_models_both_backends_agree")
+
+
+def _real_models() -> list[Path]:
+    return sorted(p.parent for p in DEFAULT_MODEL_REPOSITORY.glob("*/config.json"))
+
+
+@pytest.mark.skipif(not _real_models(), reason="no trained model in model_repository/ yet (model_export)")
+@pytest.mark.parametrize("model_dir", _real_models(), ids=lambda p: p.name)
+def test_real_models_both_backends_agree(model_dir: Path) -> None:
+    pytest.importorskip("model_export", reason="model_export.load_pretrained not written yet")
+    config = read_config(model_dir)
+    onnx_backend = create_backend("onnxruntime", model_dir, config, "cpu")
+    torch_backend = create_backend("torch", model_dir, config, "cpu")
+    if config.task == "text":
+        inputs = collate([text_item(b"a test document", config.preprocessing, False)], config)  # type: ignore[arg-type]
+    else:
+        p = config.preprocessing
+        inputs = {"pixel_values": np.zeros((1, 1, p.height, p.width), np.float32)}  # type: ignore[union-attr]
+    np.testing.assert_allclose(torch_backend.run(inputs), onnx_backend.run(inputs), atol=1e-3)

@@ -1,0 +1,76 @@
+"""A result must not depend on batching; the same request twice gives the same bytes; backends agree."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import TEXT, serve
+
+from server import Settings
+from server.backends.onnx_runtime import OnnxRuntimeBackend
+from server.backends.pytorch import TorchBackend
+from server.batcher import BatchPolicy
+from server.models import ServedModel
+from server.preprocess import collate, text_item
+from server.repository import read_config
+from server.synthetic import load_synthetic
+
+pytestmark = pytest.mark.anyio
+DOC = "the quarterly results beat the market's expectations " * 2
+OTHERS = ["a", "goal!" * 40, "x" * 250, "orbit launch " * 7, "bank"]
+
+
+def v2_raw(texts: list[str]) -> dict[str, object]:
+    return {"inputs": [{"name": "raw", "datatype": "BYTES", "shape": [len(texts)], "data": texts}]}
+
+
+async def test_alone_vs_batched_with_other_lengths(make_settings: Callable[..., Settings]) -> None:
+    # A long delay and a big batch make the concurrent requests share one batch, padded to 250 tokens.
+    async with serve(make_settings(max_batch_size=16, max_queue_delay_ms=200.0)) as c:
+        alone = (await c.post(f"/v2/models/{TEXT}/infer", json=v2_raw([DOC]))).json()["outputs"][0]["data"]
+        responses = await asyncio.gather(
+            *(c.post(f"/v2/models/{TEXT}/infer", json=v2_raw([t])) for t in [DOC, *OTHERS])
+        )
+    assert int(responses[0].headers["x-batch-size"]) > 1  # it really was batched
+    batched = responses[0].json()["outputs"][0]["data"]
+    np.testing.assert_allclose(batched, alone, rtol=0, atol=1e-6)
+    bitwise = batched == alone  # expected here: the synthetic model pools exact zeros on padding
+    print(f"alone vs batched: bitwise identical = {bitwise}")
+    assert np.argmax(batched) == np.argmax(alone)
+
+
+async def test_same_request_twice_is_bitwise_identical(make_settings: Callable[..., Settings]) -> None:
+    async with serve(make_settings()) as c:
+        body = {"instances": [DOC, *OTHERS]}
+        first = await c.post(f"/v1/models/{TEXT}:predict", json=body)
+        second = await c.post(f"/v1/models/{TEXT}:predict", json=body)
+    assert first.content == second.content
+
+
+def test_padding_does_not_change_logits(repo: Path) -> None:
+    """Backend level: a row padded to 250 tokens vs unpadded, both backends."""
+    config = read_config(repo / TEXT)
+    prep = config.preprocessing
+    doc, long = text_item(DOC.encode(), prep, False), text_item(b"y" * 250, prep, False)  # type: ignore[arg-type]
+    for backend in (OnnxRuntimeBackend(repo / TEXT, config, "cpu"),
+                    TorchBackend(repo / TEXT, config, "cpu", loader=load_synthetic)):  # fmt: skip
+        alone = backend.run(collate([doc], config))[0]
+        padded = backend.run(collate([long, doc], config))[1]
+        np.testing.assert_allclose(padded, alone, rtol=0, atol=1e-6)
+
+
+async def test_backends_agree(repo: Path, make_settings: Callable[..., Settings]) -> None:
+    config = read_config(repo / TEXT)
+    torch_model = ServedModel(config, TorchBackend(repo / TEXT, config, "cpu", loader=load_synthetic), BatchPolicy())
+    body = {"instances": [DOC, *OTHERS], "parameters": {"top_k": 4}}
+    async with serve(make_settings(), [torch_model]) as c:
+        from_torch = (await c.post(f"/v1/models/{TEXT}:predict", json=body)).json()["predictions"]
+    async with serve(make_settings()) as c:
+        from_onnx = (await c.post(f"/v1/models/{TEXT}:predict", json=body)).json()["predictions"]
+    for t, o in zip(from_torch, from_onnx, strict=True):
+        assert t["label"] == o["label"]
+        np.testing.assert_allclose([s["score"] for s in t["top_k"]], [s["score"] for s in o["top_k"]], atol=1e-5)

@@ -1,0 +1,41 @@
+"""Settings: LARA_ environment variables, flags over env, refusal of impossible combinations."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from server.__main__ import parse_settings
+from server.settings import DEFAULT_MODEL_REPOSITORY, Settings
+
+
+def test_defaults_and_env(monkeypatch: pytest.MonkeyPatch, repo: Path) -> None:
+    assert Settings.model_fields["host"].default == "127.0.0.1"
+    assert Settings.model_fields["model_repository"].default == DEFAULT_MODEL_REPOSITORY
+    monkeypatch.setenv("LARA_MODEL_REPOSITORY", str(repo))
+    monkeypatch.setenv("LARA_PORT", "9123")
+    monkeypatch.setenv("LARA_MODELS", "tiny-text, tiny-image")
+    monkeypatch.setenv("LARA_API_KEY", "0123456789")
+    settings = Settings()
+    assert settings.port == 9123 and settings.models == ["tiny-text", "tiny-image"]
+    assert settings.api_key is not None and "0123" not in repr(settings)  # secrets stay out of logs
+    flagged = parse_settings(["--port", "9200", "--backend", "torch", "--no-warmup"])
+    assert flagged.port == 9200 and flagged.backend == "torch" and flagged.warmup is False
+
+
+@pytest.mark.parametrize(
+    ("overrides", "words"),
+    [
+        ({"max_batch_size": 64, "max_queue_size": 8}, "max_queue_size"),
+        ({"request_timeout_s": 0.001, "max_queue_delay_ms": 5}, "request_timeout_s"),
+        ({"api_key": "short"}, "8 characters"),
+        ({"backend": "tensorrt"}, "onnxruntime"),
+        ({"port": 0}, "greater than or equal"),
+        ({"model_repository": "/nonexistent/repo"}, "not a directory"),
+    ],
+)
+def test_impossible_combinations_are_refused(repo: Path, overrides: dict[str, object], words: str) -> None:
+    with pytest.raises(ValidationError, match=words):
+        Settings(**({"model_repository": repo} | overrides))  # type: ignore[arg-type]
