@@ -10,7 +10,7 @@ from collections.abc import Callable
 import httpx
 import numpy as np
 import pytest
-from conftest import IMAGE, TEXT, png_bytes, serve
+from server_helpers import IMAGE, TEXT, png_bytes, serve
 
 from server import Settings
 from server.synthetic import IMAGE_LABELS, TEXT_LABELS

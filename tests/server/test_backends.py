@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import IMAGE, TEXT
+from server_helpers import IMAGE, TEXT
 
 from server.backends import BackendUnavailable, create_backend
 from server.backends.pytorch import TorchBackend

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import TEXT, serve
+from server_helpers import TEXT, serve
 
 from server import Settings
 from server.backends.onnx_runtime import OnnxRuntimeBackend

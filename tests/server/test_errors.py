@@ -16,10 +16,10 @@ import httpx
 import numpy as np
 import pytest
 from anyio.from_thread import BlockingPortal, start_blocking_portal
-from conftest import IMAGE, MAX_LENGTH, TEXT, png_bytes, serve
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
+from server_helpers import IMAGE, MAX_LENGTH, TEXT, png_bytes, serve
 
 from server import Settings
 from server.backends.onnx_runtime import OnnxRuntimeBackend

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from conftest import IMAGE, TEXT, png_bytes
+from server_helpers import IMAGE, TEXT, png_bytes
 
 from server.synthetic import TEXT_LABELS
 from server.testing import server_process
