@@ -1,0 +1,71 @@
+"""The shipped artifacts meet their targets (minus one point) on fixed slices; skip until committed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import model_export as me
+from model_export.data import encode_bytes, normalize_images, pad_batch
+
+REPO = Path(__file__).resolve().parents[2] / "model_repository"
+VIT, TEXT = REPO / "lara-vit-fashion", REPO / "lara-text-news"
+
+
+def _need(path: Path) -> None:
+    if not (path / "config.json").is_file() or not (path / "1" / "model.safetensors").is_file():
+        pytest.skip(f"{path.name} is not shipped yet (train it with python -m model_export.train)")
+
+
+@pytest.mark.parametrize("path", [VIT, TEXT], ids=["vit", "text"])
+def test_artifact_layout_and_size(path):
+    _need(path)
+    conf = json.loads((path / "config.json").read_text())
+    assert conf["attention"]["kind"] == "lara" and conf["version"] == "1"
+    assert conf["metrics"]["test_accuracy"] >= 0.90
+    assert (path / "1" / "model.safetensors").stat().st_size < 20 * 2**20
+
+
+def test_vit_accuracy_on_first_1000_t10k(fashion_test):
+    _need(VIT)
+    model = me.load_pretrained(VIT)
+    images, labels = fashion_test
+    pre = json.loads((VIT / "config.json").read_text())["preprocessing"]
+    with torch.no_grad():
+        pred = torch.cat(
+            [
+                model(normalize_images(images[i : i + 250], pre["mean"], pre["std"])).argmax(-1)
+                for i in range(0, 1000, 250)
+            ]
+        )
+    assert (pred == labels[:1000]).float().mean().item() >= 0.89
+
+
+def test_text_accuracy_on_bbc_test_split(news_test):
+    _need(TEXT)
+    model = me.load_pretrained(TEXT)
+    max_len = json.loads((TEXT / "config.json").read_text())["preprocessing"]["max_length"]
+    docs = sorted(news_test, key=lambda d: len(d.text))
+    correct = 0
+    with torch.no_grad():
+        for i in range(0, len(docs), 16):
+            chunk = docs[i : i + 16]
+            ids, mask = pad_batch([encode_bytes(d.text, max_len) for d in chunk])
+            correct += int((model(ids, mask).argmax(-1) == torch.tensor([d.label for d in chunk])).sum())
+    assert correct / len(docs) >= 0.89
+
+
+def test_text_padding_invariance_shipped(news_test):
+    _need(TEXT)
+    model = me.load_pretrained(TEXT)
+    seqs = [encode_bytes(d.text, 600) for d in news_test[:3]]
+    seqs[1] = seqs[1][:100]
+    ids, mask = pad_batch(seqs)
+    with torch.no_grad():
+        batched = model(ids, mask)
+        for i, s in enumerate(seqs):
+            alone = model(torch.tensor([s]), torch.ones(1, len(s), dtype=torch.int64))
+            torch.testing.assert_close(batched[i : i + 1], alone, atol=1e-5, rtol=0)
