@@ -23,9 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
         default = field.get_default(call_default_factory=True)
         help_text = f"{field.description} [env LARA_{name.upper()}; default: {default!r}]"
         if field.annotation is bool:
-            parser.add_argument(
-                flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text
-            )
+            parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         else:
             parser.add_argument(flag, dest=name, default=None, help=help_text, metavar=name.upper())
     return parser
@@ -43,9 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValidationError as exc:
         print(f"invalid settings:\n{exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     import uvicorn
 

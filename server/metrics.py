@@ -40,9 +40,7 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.batch_size = Histogram(
-            "lara_batch_size", "Items per batch", ["model"], buckets=_SIZE_BUCKETS, registry=r
-        )
+        self.batch_size = Histogram("lara_batch_size", "Items per batch", ["model"], buckets=_SIZE_BUCKETS, registry=r)
         self.batch_tokens = Histogram(
             "lara_batch_tokens",
             "Padded tokens per batch (padded length x items)",

@@ -62,9 +62,7 @@ class ServedModel:
         try:
             return list(await asyncio.wait_for(asyncio.gather(*futures), timeout=timeout_s))
         except TimeoutError:
-            raise ServeError(
-                ErrorKind.TIMEOUT, f"request took longer than request_timeout_s={timeout_s:g} s"
-            ) from None
+            raise ServeError(ErrorKind.TIMEOUT, f"request took longer than request_timeout_s={timeout_s:g} s") from None
         finally:
             for future in futures:  # no-op for finished ones; the batcher skips the others
                 future.cancel()
@@ -139,15 +137,11 @@ def load_models(settings: Settings, metrics: Metrics | None = None) -> dict[str,
         config = read_config(model_dir)
         if config.name != name:
             raise RepositoryError(f"{model_dir}/config.json names the model {config.name!r}, not {name!r}")
-        backend = create_backend(
-            settings.backend, Path(model_dir), config, settings.device, settings.num_threads
-        )
+        backend = create_backend(settings.backend, Path(model_dir), config, settings.device, settings.num_threads)
         observer = metrics.observer(name) if metrics is not None else None
         model = ServedModel(config, backend, policy_from(settings), observer)
         if settings.warmup:
             model.warmup()
-        log.info(
-            "loaded %s v%s (%s, %s on %s)", name, config.version, config.task, backend.name, backend.device
-        )
+        log.info("loaded %s v%s (%s, %s on %s)", name, config.version, config.task, backend.name, backend.device)
         models[name] = model
     return models

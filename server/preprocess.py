@@ -49,9 +49,7 @@ def text_item(data: bytes, prep: TextPreprocessing, truncate: bool) -> Item:
     return Item({IDS: ids, MASK: np.ones_like(ids)}, length=len(data))
 
 
-def text_items_from_tensors(
-    tensors: dict[str, np.ndarray], config: ModelConfig, truncate: bool
-) -> list[Item]:
+def text_items_from_tensors(tensors: dict[str, np.ndarray], config: ModelConfig, truncate: bool) -> list[Item]:
     """Pre-tokenized `input_ids` [B, L] (+ optional `attention_mask` [B, L], 1 = real token)."""
     prep = config.preprocessing
     assert isinstance(prep, TextPreprocessing)
@@ -101,8 +99,7 @@ def image_item(data: bytes, prep: ImagePreprocessing, max_pixels: int) -> Item:
         raise
     except Exception as exc:  # Pillow raises many types for corrupt or unknown data
         raise invalid(
-            f"cannot decode image ({type(exc).__name__}: {exc}); send PNG, JPEG or another "
-            "Pillow-readable format"
+            f"cannot decode image ({type(exc).__name__}: {exc}); send PNG, JPEG or another Pillow-readable format"
         ) from None
     pixels = np.asarray(image, dtype=np.float32) / 255.0  # [H, W]
     pixels = (pixels - np.float32(prep.mean)) / np.float32(prep.std)

@@ -56,18 +56,14 @@ class Settings(BaseSettings):
         description="Longest wait for a batch to fill. Higher raises throughput under load and adds "
         "latency at low load.",
     )
-    max_queue_size: int = Field(
-        1024, ge=1, description="Items waiting per model before requests are refused with 429."
-    )
+    max_queue_size: int = Field(1024, ge=1, description="Items waiting per model before requests are refused with 429.")
     length_bucket_ratio: float = Field(
         2.0,
         gt=1.0,
         description="Items whose lengths are within this ratio of the batch's oldest item are batched "
         "first, so little compute is spent on padding.",
     )
-    max_body_bytes: int = Field(
-        16 * 1024 * 1024, ge=1024, description="Largest request body; larger ones get 413."
-    )
+    max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="Largest request body; larger ones get 413.")
     max_image_pixels: int = Field(
         4096 * 4096, ge=1, description="Largest decoded image (width x height); larger ones get 413."
     )

@@ -27,9 +27,7 @@ def _weights(shapes: dict[str, tuple[int, ...]], seed: int) -> dict[str, np.ndar
     return {k: (rng.standard_normal(s) / np.sqrt(s[0])).astype(np.float32) for k, s in shapes.items()}
 
 
-def _save(
-    model_dir: Path, config: dict[str, Any], graph: onnx.GraphProto, weights: dict[str, np.ndarray]
-) -> Path:
+def _save(model_dir: Path, config: dict[str, Any], graph: onnx.GraphProto, weights: dict[str, np.ndarray]) -> Path:
     from safetensors.numpy import save_file
 
     version_dir = model_dir / config["version"]

@@ -74,8 +74,7 @@ def decode_request(body: bytes, header_length: int | None) -> DecodedRequest:
         else:
             if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(blob):
                 raise malformed(
-                    f"input {spec.name!r}: binary_data_size={size!r} does not fit the "
-                    f"{len(blob)} binary bytes"
+                    f"input {spec.name!r}: binary_data_size={size!r} does not fit the {len(blob)} binary bytes"
                 )
             array = _from_binary(spec.name, spec.datatype, spec.shape, bytes(blob[offset : offset + size]))
             offset += size
@@ -160,8 +159,7 @@ def _from_binary(name: str, datatype: str, shape: list[int], data: bytes) -> np.
         raise invalid(f"input {name!r}: datatype {datatype!r} is not supported; use {_ALLOWED}")
     if len(data) != count * dtype.itemsize:
         raise invalid(
-            f"input {name!r}: shape {shape} of {datatype} needs {count * dtype.itemsize} bytes, "
-            f"got {len(data)}"
+            f"input {name!r}: shape {shape} of {datatype} needs {count * dtype.itemsize} bytes, got {len(data)}"
         )
     return np.frombuffer(data, dtype=dtype).astype(dtype.newbyteorder("="), copy=True).reshape(shape)
 

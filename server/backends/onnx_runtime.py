@@ -41,11 +41,7 @@ class OnnxRuntimeBackend:
             options.intra_op_num_threads = num_threads
         # One batch runs at a time per model (the batcher's worker thread): no inter-op parallelism.
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        providers = (
-            ["CUDAExecutionProvider", "CPUExecutionProvider"]
-            if device == "cuda"
-            else ["CPUExecutionProvider"]
-        )
+        providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
         path = model_dir / config.version / ONNX_FILE
         self.session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
         self.device = device
@@ -53,9 +49,7 @@ class OnnxRuntimeBackend:
         self._input_names = [i.name for i in self.session.get_inputs()]
         declared = [spec.name for spec in config.inputs]
         if sorted(self._input_names) != sorted(declared):
-            raise BackendUnavailable(
-                f"{path} has inputs {self._input_names} but config.json declares {declared}"
-            )
+            raise BackendUnavailable(f"{path} has inputs {self._input_names} but config.json declares {declared}")
 
     def run(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         batch = next(iter(inputs.values())).shape[0]

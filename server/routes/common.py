@@ -29,9 +29,7 @@ class AppState:
 
     def model(self, name: str, version: str | None = None) -> ServedModel:
         if not self.ready:
-            raise ServeError(
-                ErrorKind.NOT_READY, "models are loading (or the server is stopping)", retry_after_s=1
-            )
+            raise ServeError(ErrorKind.NOT_READY, "models are loading (or the server is stopping)", retry_after_s=1)
         return self.registry.get(name, version)
 
 

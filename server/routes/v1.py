@@ -40,15 +40,11 @@ async def model_status(name: str, state: State) -> dict[str, Any]:
 
 
 _PREDICT_DOC: dict[str, Any] = {
-    "requestBody": {
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/V1PredictRequest"}}}
-    }
+    "requestBody": {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/V1PredictRequest"}}}}
 }
 
 
-@router.post(
-    "/v1/models/{name}:predict", openapi_extra=_PREDICT_DOC, responses={200: {"model": V1PredictResponse}}
-)
+@router.post("/v1/models/{name}:predict", openapi_extra=_PREDICT_DOC, responses={200: {"model": V1PredictResponse}})
 async def predict(name: str, request: Request, state: State) -> JSONResponse:
     """Instances in, predictions out, in request order. Texts as strings, images as {"b64": ...}."""
     settings = state.settings
@@ -57,9 +53,7 @@ async def predict(name: str, request: Request, state: State) -> JSONResponse:
         try:
             body = V1PredictRequest.model_validate_json(await request.body())
         except ValidationError as exc:
-            raise malformed(
-                f"body must be {{'instances': [...], 'parameters': {{...}}}}: {_short(exc)}"
-            ) from None
+            raise malformed(f"body must be {{'instances': [...], 'parameters': {{...}}}}: {_short(exc)}") from None
         if len(body.instances) > settings.max_queue_size:
             raise ServeError(
                 ErrorKind.TOO_LARGE,
@@ -77,16 +71,12 @@ async def predict(name: str, request: Request, state: State) -> JSONResponse:
 _CLASSIFY_DOC: dict[str, Any] = {
     "requestBody": {
         "required": True,
-        "content": {
-            t: {"schema": {"type": "string", "format": "binary"}} for t in (*IMAGE_TYPES, *TEXT_TYPES)
-        },
+        "content": {t: {"schema": {"type": "string", "format": "binary"}} for t in (*IMAGE_TYPES, *TEXT_TYPES)},
     }
 }
 
 
-@router.post(
-    "/v1/models/{name}:classify", openapi_extra=_CLASSIFY_DOC, responses={200: {"model": ClassifyResponse}}
-)
+@router.post("/v1/models/{name}:classify", openapi_extra=_CLASSIFY_DOC, responses={200: {"model": ClassifyResponse}})
 async def classify(
     name: str,
     request: Request,
@@ -102,9 +92,7 @@ async def classify(
         items = await _to_items(model, [await request.body()], truncate, settings.max_image_pixels)
         results = await model.classify(items, settings.request_timeout_s)
         (prediction,) = predictions(model, results[0].value[None], top_k or settings.default_top_k)
-        response = ClassifyResponse(
-            model_name=model.name, model_version=model.version, **prediction.model_dump()
-        )
+        response = ClassifyResponse(model_name=model.name, model_version=model.version, **prediction.model_dump())
         return JSONResponse(response.model_dump(), headers=timing_headers(state, name, results))
 
 
@@ -125,9 +113,7 @@ def _check_media_type(model: ServedModel, content_type: str | None) -> None:
             "utf8",
             "us-ascii",
         ):
-            raise ServeError(
-                ErrorKind.UNSUPPORTED_MEDIA_TYPE, f"charset {value.strip()!r} not accepted; send UTF-8"
-            )
+            raise ServeError(ErrorKind.UNSUPPORTED_MEDIA_TYPE, f"charset {value.strip()!r} not accepted; send UTF-8")
 
 
 def _instance_bytes(model: ServedModel, instance: str | B64Instance, index: int) -> bytes:

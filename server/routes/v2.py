@@ -68,9 +68,7 @@ _INFER_RESPONSES: dict[int | str, dict[str, Any]] = {200: {"model": V2InferRespo
 
 
 @router.post("/v2/models/{name}/infer", openapi_extra=_INFER_DOC, responses=_INFER_RESPONSES)
-@router.post(
-    "/v2/models/{name}/versions/{version}/infer", openapi_extra=_INFER_DOC, responses=_INFER_RESPONSES
-)
+@router.post("/v2/models/{name}/versions/{version}/infer", openapi_extra=_INFER_DOC, responses=_INFER_RESPONSES)
 async def infer(name: str, request: Request, state: State, version: str | None = None) -> Response:
     settings = state.settings
     with track(state, name):
@@ -138,9 +136,7 @@ async def _items(model: ServedModel, tensors: list[Tensor], truncate: bool, sett
 
     for tensor in tensors:
         if tensor.datatype != specs[tensor.name].datatype:
-            raise invalid(
-                f"input {tensor.name!r} must be {specs[tensor.name].datatype}, got {tensor.datatype}"
-            )
+            raise invalid(f"input {tensor.name!r} must be {specs[tensor.name].datatype}, got {tensor.datatype}")
     arrays = {t.name: t.array for t in tensors}
     if model.config.task == "text":
         if "input_ids" not in arrays:
