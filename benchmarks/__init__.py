@@ -1,0 +1,1 @@
+"""Benchmarks: each writes JSON (and a plot) under benchmarks/results/."""

@@ -1,0 +1,88 @@
+"""Timing and memory helpers shared by the CPU benchmarks."""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def median_time(fn: Callable[[], Any], *, min_repeats: int = 3, budget_s: float = 1.0, warmup: int = 1) -> float:
+    """Median wall time in seconds over at least `min_repeats` runs (more while within `budget_s`)."""
+    for _ in range(warmup):
+        fn()
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < min_repeats or (time.perf_counter() - start < budget_s and len(times) < 50):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def _status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def peak_extra_memory_mib(fn: Callable[[], Any]) -> float | None:
+    """Peak resident memory added while `fn` runs, in MiB (Linux: VmHWM reset through clear_refs).
+
+    Returns None where the kernel interface is missing. Counts what the process touches, so allocator
+    caching can only make it an over-estimate of the method's own working set.
+    """
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # reset the high-water mark to the current RSS
+        before = _status_kib("VmRSS")
+        fn()
+        return max(_status_kib("VmHWM") - before, 0) / 1024
+    except OSError:
+        return None
+
+
+def matmul_gflops(n: int = 2048, dtype: torch.dtype = torch.float32) -> float:
+    """This machine's dense matmul rate now (GFLOP/s), to express kernel speed as a fraction of it."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    return 2 * n**3 / median_time(lambda: a @ b, min_repeats=5) / 1e9
+
+
+def environment() -> dict[str, Any]:
+    return {
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "python": platform.python_version(),
+        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def write_json(name: str, payload: dict[str, Any]) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / name
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    return path
+
+
+def markdown_table(headers: list[str], rows: list[list[Any]]) -> str:
+    def fmt(x: Any) -> str:
+        if x is None:
+            return "-"
+        if isinstance(x, float):
+            return f"{x:.3g}"
+        return str(x)
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(fmt(x) for x in row) + " |" for row in rows]
+    return "\n".join(lines)
