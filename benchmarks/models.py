@@ -1,0 +1,155 @@
+"""Model latency on the CPU (not a test): onnxruntime vs PyTorch eager vs torch.compile.
+
+Text (`lara-text-news`): batch 1 and 8 at 1K, 4K and 16K tokens; image (`lara-vit-fashion`): batch 1
+and 8. Uses the trained weights in model_repository/ when present, else random weights (latency does
+not depend on the weights). 16K exceeds the shipped max_length of 8192: the text graph is re-exported
+here with a max_length=16384 override (the model itself has no length limit; only the config does).
+Also tries onnxruntime session options (graph optimization level, intra-op threads) on two shapes.
+
+    .venv/bin/python -m benchmarks.models [--threads 1] [--quick] [--no-compile]
+
+One thread by default: on a shared 2-core machine, 2 OpenMP threads of torch collapse under load
+(a 30 ms forward measured at ~1 s), which would measure the neighbours, not the backends.
+
+Writes benchmarks/results/models.json and prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import torch
+from torch import nn
+
+from benchmarks.common import environment, markdown_table, median_time, write_json
+from model_export import create_model, load_pretrained
+from model_export import export as ex
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = {"text": "lara-text-news", "image": "lara-vit-fashion"}
+TEXT_LENGTHS = (1024, 4096, 16384)
+BATCHES = (1, 8)
+LONG_MAX_LENGTH = 16384
+
+
+def load_model(name: str) -> tuple[nn.Module, str]:
+    model_dir = ROOT / "model_repository" / name
+    if (model_dir / "1" / ex.WEIGHTS).is_file():
+        return load_pretrained(model_dir), "trained"
+    return create_model(name).eval(), "random"
+
+
+def shapes(task: str, quick: bool) -> list[ex.ParityCase]:
+    if task == "image":
+        return [ex.ParityCase(b) for b in BATCHES]
+    lengths = TEXT_LENGTHS[:2] if quick else TEXT_LENGTHS
+    return [ex.ParityCase(b, n, pad=False) for n in lengths for b in BATCHES]
+
+
+def time_ms(fn: Callable[[], Any], work_s: float) -> float:
+    """Median of >= 2 runs (more for quick calls), after one warm-up run."""
+    budget = 2.0 if work_s < 0.5 else 0.0
+    return median_time(fn, min_repeats=2 if work_s > 1.0 else 3, budget_s=budget) * 1000
+
+
+def bench_task(task: str, threads: int, quick: bool, compile_: bool) -> tuple[list[dict], list[dict], dict]:
+    name = MODELS[task]
+    model, weights = load_model(name)
+    cfg = model.cfg
+    t0 = time.perf_counter()
+    onnx_path, tmp = ex.export_to_tmp(model, max_length=LONG_MAX_LENGTH if task == "text" else None)
+    info = {"model": name, "weights": weights, "export_s": round(time.perf_counter() - t0, 1)}
+    session = ex.make_session(onnx_path, threads=threads)
+    compiled = None
+    if compile_:
+        compiled = torch.compile(model, dynamic=True)
+    rows = []
+    for case in shapes(task, quick):
+        feeds = ex.make_inputs(cfg, case)
+        tensors = {k: torch.from_numpy(v) for k, v in feeds.items()}
+        row: dict[str, Any] = {"task": task, "batch": case.batch, "tokens": case.seq}
+        with torch.inference_mode():
+            t = time.perf_counter()
+            ref = model(**tensors).numpy()
+            first = time.perf_counter() - t
+            row["torch_eager_ms"] = time_ms(lambda t=tensors: model(**t), first)
+            if compiled is not None:
+                t = time.perf_counter()
+                got = compiled(**tensors).numpy()  # compiles on the first call of a new shape kind
+                row["compile_first_call_s"] = round(time.perf_counter() - t, 1)
+                row["torch_compile_ms"] = time_ms(lambda t=tensors: compiled(**t), first)
+                row["compile_max_abs_diff"] = float(np.abs(got - ref).max())
+        out = session.run(["logits"], feeds)[0]
+        row["onnxruntime_ms"] = time_ms(lambda f=feeds: session.run(["logits"], f), first)
+        row["ort_max_abs_diff"] = float(np.abs(out - ref).max())
+        backends = {k: v for k, v in row.items() if k.endswith("_ms")}
+        row["fastest"] = min(backends, key=backends.get).removesuffix("_ms")
+        rows.append(row)
+        print(row, flush=True)
+    options = ort_options(onnx_path, cfg, task, threads)
+    tmp.cleanup()
+    return rows, options, info
+
+
+def ort_options(onnx_path: Path, cfg: Any, task: str, threads: int) -> list[dict]:
+    """Latency under each graph optimization level and intra-op thread count, one mid-size shape."""
+    case = ex.ParityCase(8) if task == "image" else ex.ParityCase(1, 4096, pad=False)
+    feeds = ex.make_inputs(cfg, case)
+    rows = []
+    for level in ("disable", "basic", "extended", "all"):
+        for n in sorted({1, threads}):
+            session = ex.make_session(onnx_path, threads=n, level=level)
+            ms = median_time(lambda s=session: s.run(["logits"], feeds), min_repeats=3, budget_s=1.5) * 1000
+            rows.append({"task": task, "batch": case.batch, "tokens": case.seq, "level": level, "threads": n, "ms": ms})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--threads", type=int, default=1, help="threads for torch and onnxruntime alike (1: shared machine)")
+    p.add_argument("--quick", action="store_true", help="skip the 16K-token documents")
+    p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    p.add_argument("--tasks", default="text,image")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    env = {**environment(), "onnxruntime": ort.__version__, "load_average": os.getloadavg()}
+    results, options, models = [], [], []
+    for task in args.tasks.split(","):
+        rows, opts, info = bench_task(task, args.threads, args.quick, not args.no_compile)
+        results += rows
+        options += opts
+        models.append(info)
+    env["load_average_end"] = os.getloadavg()
+    cols = ["onnxruntime_ms", "torch_eager_ms", "torch_compile_ms"]
+    table = markdown_table(
+        ["task", "batch", "tokens", "onnxruntime ms", "torch eager ms", "torch.compile ms", "fastest"],
+        [[r["task"], r["batch"], r["tokens"] or "28x28", *(r.get(c) for c in cols), r["fastest"]] for r in results],
+    )
+    opt_table = markdown_table(
+        ["task", "batch", "tokens", "graph optimization", "intra-op threads", "ms"],
+        [[r["task"], r["batch"], r["tokens"] or "28x28", r["level"], r["threads"], r["ms"]] for r in options],
+    )
+    note = (
+        f"text graph exported with max_length={LONG_MAX_LENGTH} (shipped: 8192) so 16K documents run; "
+        "timings are medians after a warm-up; torch.compile(dynamic=True) compile time is excluded"
+    )
+    path = write_json(
+        "models.json",
+        {"environment": env, "models": models, "note": note, "results": results, "ort_options": options,
+         "table_md": table, "ort_options_md": opt_table},
+    )  # fmt: skip
+    print(table)
+    print()
+    print(opt_table)
+    print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    main()
