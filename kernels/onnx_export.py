@@ -2,12 +2,15 @@
 
 * `LaraAttention` is an ONNX function (domain `com.lara`, version 1) whose body computes the LARA eval
   forward (spec 5.4, with the algebra of `kernels/_cpu.py`) from standard opset-20 ops, in float32.
-* `CUSTOM_TRANSLATION_TABLE` maps `torch.ops.lara.attention.default` to that node for
-  `torch.onnx.export(..., dynamo=True, custom_translation_table=...)`.
-* `attach_lara_function(model)` makes sure the function proto rides along in `model.functions`: stock
-  onnxruntime then inlines the body; without it loading fails ("... is not a registered function/op").
-  If a kernel for `com.lara::LaraAttention` is registered in onnxruntime (a custom-op library), that
-  kernel takes precedence over the body, so a faster native op can replace it without re-exporting.
+* `custom_translation_table()` maps `torch.ops.lara.attention.default` to that node for
+  `torch.onnx.export(..., dynamo=True, custom_translation_table=...)`. The translation emits a plain
+  node (the exporter's opset conversion would inline a function it carried itself).
+* `attach_lara_function(model)` puts the function proto into `model.functions` after export: stock
+  onnxruntime then inlines the body at load; without it loading fails ("... is not a registered
+  function/op"). If a kernel for `com.lara::LaraAttention` (domain com.lara, since version 1) is
+  registered in onnxruntime (a custom-op library via `SessionOptions.register_custom_ops_library`), that
+  kernel takes precedence over the body, so a native op can replace it without re-exporting. (Not
+  exercised here: the onnxruntime wheel ships no headers to build such a library.)
 
 Node signature (all float tensors share one dtype; the body computes in float32):
   LaraAttention(q, k, v, q_landmarks, k_landmarks, key_padding_mask, noise) -> out

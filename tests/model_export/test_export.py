@@ -116,6 +116,14 @@ def test_function_body_matches_reference(n, c, masked, noisy, alpha):
         assert np.all(got[2] == 0) and np.all(np.isfinite(got))  # fully padded row: zeros, no NaN
 
 
+def test_stock_onnxruntime_needs_the_body():
+    model = _single_node_model(1.0, (1, 1, 1, 1))
+    ex.ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    del model.functions[:]
+    with pytest.raises(Exception, match="LaraAttention"):
+        ex.ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
 class OneLayer(torch.nn.Module):
     """The smallest caller of kernels.lara_attention (no mask, no noise), quick to export."""
 
