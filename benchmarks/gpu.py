@@ -14,7 +14,10 @@ Results are printed and written to <out>/gpu.json after every section (out = $OU
 else benchmarks/results). `--cpu-smoke` runs the same code with tiny sizes on the CPU under
 TRITON_INTERPRET=1 (bf16 and SDPA flash swapped out) to check the script itself.
 
-Usage: python benchmarks/gpu.py [--cpu-smoke] [--out DIR] [--budget-s 330]
+`--sm90-build` only compiles the kernels for sm_90 on a machine without a GPU and reports registers,
+spills (stack) and shared memory per variant (writes <out>/sm90_build.json).
+
+Usage: python benchmarks/gpu.py [--cpu-smoke | --sm90-build] [--out DIR] [--budget-s 330]
 """
 
 from __future__ import annotations
@@ -371,11 +374,12 @@ def section_sweep(run: Run) -> dict:
     configs = [LaunchConfig()] + [
         LaunchConfig(block_n_keys=bk, block_n_queries=bq, warps_keys=wk, warps_queries=wq, stages=st)
         for bk, bq, wk, wq, st in [
-            (64, 64, 4, 4, 2),
-            (128, 128, 8, 8, 2),
-            (128, 64, 8, 4, 3),
-            (64, 128, 4, 8, 3),
-            (128, 64, 4, 4, 3),
+            (128, 64, 8, 4, 2),
+            (64, 128, 4, 8, 2),
+            (32, 64, 4, 4, 3),
+            (64, 64, 4, 4, 3),
+            (128, 128, 8, 8, 3),
+            (64, 32, 4, 4, 2),
         ]
     ]
     configs += [LaunchConfig(num_splits=1), LaunchConfig(num_splits=64)]
@@ -415,13 +419,85 @@ def section_profile(run: Run) -> dict:
     return {"n": n, "mean_us_per_call": kern}
 
 
+def sm90_build() -> dict:
+    """Compile every kernel for sm_90 on this machine (no GPU needed: Triton's bundled ptxas) and report
+    registers, stack (spills) and shared memory per variant. Uses Triton's internal ASTSource API."""
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from kernels._triton import lara as lk
+
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    f32_ptrs = {"F", "BIAS", "RLSE", "BH"}
+    rows = []
+    for dt, d in [("fp16", 64), ("bf16", 64), ("fp16", 16), ("fp16", 32), ("fp16", 128), ("fp32", 64)]:
+        tdt = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[dt]
+        for c in (64, 256):
+            cfg = lk._default_config(LaunchConfig(num_splits=1), 8, 1 << 16, c, d, tdt, torch.device("cuda"))
+            prec = "tf32x3" if dt == "fp32" else "tf32"
+            c_blocks = math.ceil(c / cfg.block_c)
+            kernels_ = [
+                (lk._lara_keys_kernel, cfg.warps_keys, dict(D=d, BLOCK_C=cfg.block_c, BLOCK_N=cfg.block_n_keys,
+                 HAS_MASK=True, HAS_NOISE=True, DOT_PRECISION=prec)),
+                (lk._lara_combine_kernel, 4, dict(D=d, BLOCK_C=32 if d <= 64 else 16, HAS_NOISE=True)),
+                (lk._lara_queries_kernel, cfg.warps_queries, dict(D=d, BLOCK_C=cfg.block_c,
+                 BLOCK_N=cfg.block_n_queries, NUM_C_BLOCKS=c_blocks, HAS_MASK=True, HAS_NOISE=True,
+                 DOT_PRECISION=prec, OUT_PRECISION=prec, ALPHA_MIN=1e-8)),
+            ]  # fmt: skip
+            for fn, warps, consts in kernels_:
+
+                def arg_type(name, consts=consts, dt=dt):
+                    if name in consts:
+                        return "constexpr"
+                    if name == "MASK":
+                        return "*u8"
+                    if name.startswith("PART") or name in f32_ptrs:
+                        return "*fp32"
+                    if name[0].isupper() and name not in ("H", "N", "C"):  # tensors are UPPER_CASE
+                        return "*" + dt
+                    return "fp32" if name in ("qk_scale2", "alpha_coeff") else "i32"
+
+                row = {"kernel": fn.__name__, "dtype": dt, "d": d, "c": c, "warps": warps, **consts}
+                try:
+                    src = ASTSource(fn, {a: arg_type(a) for a in fn.arg_names}, consts)
+                    k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                                       options=dict(num_warps=warps, num_stages=cfg.stages))  # fmt: skip
+                    with tempfile.NamedTemporaryFile(suffix=".cubin") as tmp:
+                        tmp.write(k.asm["cubin"])
+                        tmp.flush()
+                        usage = subprocess.run([str(cuobjdump), "--dump-resource-usage", tmp.name],
+                                               capture_output=True, text=True).stdout  # fmt: skip
+                    line = next((ln for ln in usage.splitlines() if "REG:" in ln), "")
+                    row.update({kv.split(":")[0].lower(): int(kv.split(":")[1]) for kv in line.split()
+                                if kv.split(":")[0] in ("REG", "STACK")})  # fmt: skip
+                    row["shared_bytes"] = k.metadata.shared
+                    row["wgmma"] = "wgmma" in k.asm["ptx"]
+                except Exception as exc:
+                    row["error"] = f"{type(exc).__name__}: {str(exc)[:400]}"
+                rows.append(row)
+                print(row, flush=True)
+    return {"rows": rows}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny sizes on the CPU under TRITON_INTERPRET=1")
     ap.add_argument("--out", default=None, help="output folder (default $OUT, else benchmarks/results)")
     ap.add_argument("--budget-s", type=float, default=330.0, help="stop starting new work after this")
+    ap.add_argument("--sm90-build", action="store_true", help="only compile the kernels for sm_90 (no GPU)")
     ap.add_argument("--model-dir", default=str(ROOT / "model_repository" / "lara-text-news"), help="for e2e")
-    run = Run(ap.parse_args())
+    args = ap.parse_args()
+    if args.sm90_build:
+        res = sm90_build()
+        out = Path(args.out or ROOT / "benchmarks" / "results")
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "sm90_build.json").write_text(json.dumps(res, indent=1) + "\n")
+        return
+    run = Run(args)
     if not run.smoke and not torch.cuda.is_available():
         print("no CUDA device: use --cpu-smoke to check the script on a CPU", file=sys.stderr)
         sys.exit(2)

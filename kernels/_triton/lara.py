@@ -21,7 +21,9 @@ load) instead of being written by a separate launch. Statistics, F and all accum
 Matmul operands: q, k, v keep their dtype (fp16 / bf16 tensor cores, fp32 accumulation); the samples
 are rounded to that dtype for the logit products, as flash attention rounds its scaled queries. The
 output product uses tf32 so that the weights keep fp32's exponent range (small SNIS weights would
-underflow in fp16) and F is not rounded to 16 bits. fp32 inputs use exact fp32 ("ieee") products.
+underflow in fp16) and F is not rounded to 16 bits. fp32 inputs, and the C x C products of the balance
+heuristic, use "tf32x3" (three tf32 products: about fp32 accuracy on tensor cores; Triton's "ieee"
+products run on FMA units and spill heavily at these tile sizes, as seen in sm_90 builds).
 """
 
 from __future__ import annotations
@@ -176,7 +178,7 @@ def _lara_combine_kernel(
         cols = c0 + tl.arange(0, BLOCK_C)
         _, _, mu_cols = _load_samples(QL, KL, NOISE, lm_off, 0, cols, d_idx, C, D, False)
         mu_sq = tl.sum(mu_cols * mu_cols, axis=1)
-        g = tl.dot(ws2, tl.trans(mu_cols), input_precision="ieee") - (0.5 * qk_scale2) * mu_sq[None, :]
+        g = tl.dot(ws2, tl.trans(mu_cols), input_precision="tf32x3") - (0.5 * qk_scale2) * mu_sq[None, :]
         g = tl.where((cols < C)[None, :], g, float("-inf"))  # [BLOCK_C, BLOCK_C]
         g_new = tl.maximum(g_max, tl.max(g, axis=1))
         g_sum = g_sum * tl.exp2(g_max - g_new) + tl.sum(tl.exp2(g - g_new[:, None]), axis=1)
@@ -306,11 +308,20 @@ def _sm_count(device: torch.device) -> int:
     return 4  # interpreter: a few splits, so that tests exercise the combine step
 
 
-def _default_config(cfg: LaunchConfig, bh: int, n: int, c: int, d: int, device: torch.device) -> LaunchConfig:
-    # tl.dot needs every dimension >= 16. 64 proposals per block keep the [C, BLOCK_N] logit tiles and the
-    # [C, D] accumulator in registers on a GPU; larger C is swept in blocks (kernel 3 then reads rho twice).
+def _default_config(
+    cfg: LaunchConfig, bh: int, n: int, c: int, d: int, dtype: torch.dtype, device: torch.device
+) -> LaunchConfig:
+    """Fill the None fields of cfg.
+
+    The defaults are the largest tiles that compiled for sm_90 (Triton 3.7, offline ptxas) without
+    register spills, or with a few bytes at D = 128: tl.dot needs every dimension >= 16; 64 proposals
+    per block keep the [C, BLOCK_N] logit tiles and the [C, D] accumulator in registers, and a larger C is
+    swept in blocks (kernel 3 then computes rho twice). fp32 operands take twice the shared memory, so
+    their key blocks are halved. Speed is unmeasured: `benchmarks/gpu.py` sweeps alternatives.
+    """
+    c_blocks_hint = triton.cdiv(c, cfg.block_c or 64)
     block_c = cfg.block_c or max(16, min(64, triton.next_power_of_2(c)))
-    block_nk = cfg.block_n_keys or (64 if d > 64 else 128)
+    block_nk = cfg.block_n_keys or (32 if dtype == torch.float32 else 128 if d == 16 else 64)
     block_nq = cfg.block_n_queries or 64
     if device.type != "cuda":  # the interpreter pays per element: no padding past the sequence
         block_nk = cfg.block_n_keys or max(16, min(block_nk, triton.next_power_of_2(n)))
@@ -321,10 +332,10 @@ def _default_config(cfg: LaunchConfig, bh: int, n: int, c: int, d: int, device: 
         programs = bh * triton.cdiv(c, block_c)
         splits = max(1, min(triton.cdiv(2 * _sm_count(device), programs), triton.cdiv(n, 4 * block_nk)))
     splits = max(1, min(splits, triton.cdiv(n, block_nk)))
-    warps = 8 if d > 64 else 4
-    return LaunchConfig(
-        block_c, block_nk, block_nq, splits, cfg.warps_keys or warps, cfg.warps_queries or warps, cfg.stages
-    )
+    warps_keys = cfg.warps_keys or (8 if d > 64 else 4)
+    wide = d > 64 or c_blocks_hint > 1 or dtype == torch.float32
+    warps_queries = cfg.warps_queries or (8 if wide else 4)
+    return LaunchConfig(block_c, block_nk, block_nq, splits, warps_keys, warps_queries, cfg.stages)
 
 
 def _check_inputs(q, k, v, q_landmarks, k_landmarks, key_padding_mask, noise) -> None:
@@ -381,14 +392,14 @@ def lara_forward_triton(
         return out
     q, k, v = (_rows_contiguous(t) for t in (q, k, v))
     ql, kl = q_landmarks.contiguous(), k_landmarks.contiguous()
-    cfg = _default_config(config or LaunchConfig(), b * h, n, c, d, q.device)
+    cfg = _default_config(config or LaunchConfig(), b * h, n, c, d, q.dtype, q.device)
     has_noise, has_mask = noise is not None, key_padding_mask is not None
     noise_t = noise.to(q.dtype).contiguous() if has_noise else ql  # dummy pointer when absent
     noise_sb = (0 if noise_t.shape[0] == 1 else h * c * d) if has_noise else 0
     mask_t = key_padding_mask.contiguous().view(torch.uint8) if has_mask else q  # dummy pointer when absent
     qk_scale2 = LOG2E / math.sqrt(d)
-    dot_precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32 is unused by 16-bit products
-    out_precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    dot_precision = "tf32x3" if q.dtype == torch.float32 else "tf32"  # tf32 is unused by 16-bit products
+    out_precision = "tf32x3" if q.dtype == torch.float32 else "tf32"
     c_blocks = triton.cdiv(c, cfg.block_c)
 
     # kernel 1: split partials of the key pass and of the rho normalizer
@@ -413,10 +424,12 @@ def lara_forward_triton(
     # kernel 2: F [B*H, C, D], lse - log g (bias), rho normalizer, BH
     f = torch.empty(b * h, c, d, **f32)
     bias, rlse, bh = (torch.empty(b * h, c, **f32) for _ in range(3))
-    _lara_combine_kernel[(c_blocks, b * h)](
+    # Small blocks: this launch is tiny, and [32, D] fp32 tiles with a C x C tf32x3 product stay in registers.
+    combine_block_c = max(16, min(32 if d <= 64 else 16, triton.next_power_of_2(c)))
+    _lara_combine_kernel[(triton.cdiv(c, combine_block_c), b * h)](
         ql, kl, noise_t, part_m, part_l, part_acc, part_rm, part_rl, f, bias, rlse, bh,
         noise_sb, h, c, splits, qk_scale2,
-        D=d, BLOCK_C=cfg.block_c, HAS_NOISE=has_noise, num_warps=4,
+        D=d, BLOCK_C=combine_block_c, HAS_NOISE=has_noise, num_warps=4,
     )  # fmt: skip
 
     # kernel 3: weights and output
