@@ -1,0 +1,401 @@
+"""Deployment files agree with the server: probe paths are real routes, ports match, every LARA_ variable is a
+Settings field with a value Settings accepts, selectors select the pods, the image stays lean and offline.
+
+Fast (no cluster, no Docker, no Ray). PyYAML is needed; kubernetes-validate (offline schemas) and kubectl
+(kustomize) are used when installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import importlib.metadata
+import importlib.util
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+yaml = pytest.importorskip("yaml", reason="PyYAML is needed to read the manifests (dev extra)")
+
+import httpx  # noqa: E402
+from fastapi import FastAPI  # noqa: E402
+
+from server.app import create_app  # noqa: E402
+from server.settings import Settings  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+K8S = DEPLOY / "k8s"
+KSERVE = DEPLOY / "kserve" / "inferenceservice.yaml"
+LIVE, READY = "/v2/health/live", "/v2/health/ready"
+# Env variables that are not LARA settings, and why they are allowed.
+FOREIGN_ENV = {"PROTOCOL"}  # KServe: the protocol of a custom predictor container
+
+
+def load(path: Path) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+
+
+def import_file(name: str, path: Path) -> Any:
+    """deploy/ is not a package of the project: load its modules by path."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def k8s_objects() -> dict[str, dict[str, Any]]:
+    """kind -> object, for the kustomize base (one object of each kind)."""
+    objects: dict[str, dict[str, Any]] = {}
+    for name in load(K8S / "kustomization.yaml")[0]["resources"]:
+        for doc in load(K8S / name):
+            assert doc["kind"] not in objects, f"two {doc['kind']} objects"
+            objects[doc["kind"]] = doc
+    return objects
+
+
+def kserve_container() -> dict[str, Any]:
+    (isvc,) = load(KSERVE)
+    (container,) = isvc["spec"]["predictor"]["containers"]
+    return container
+
+
+def deployment_container() -> dict[str, Any]:
+    (container,) = k8s_objects()["Deployment"]["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    instructions, pending = [], ""
+    for line in (ROOT / "Dockerfile").read_text().splitlines():
+        if line.lstrip().startswith("#") or not line.strip():
+            continue
+        pending += line.rstrip()
+        if pending.endswith("\\"):
+            pending = pending[:-1] + " "
+            continue
+        keyword, _, rest = pending.strip().partition(" ")
+        instructions.append((keyword.upper(), " ".join(rest.split())))
+        pending = ""
+    return instructions
+
+
+def docker_env() -> dict[str, str]:
+    env = {}
+    for keyword, args in dockerfile_instructions():
+        if keyword == "ENV":
+            env.update(dict(re.findall(r"(\w+)=(\S+)", args)))
+    return env
+
+
+def lara_env_of(container: dict[str, Any]) -> dict[str, str | None]:
+    return {e["name"]: e.get("value") for e in container.get("env", [])}
+
+
+def probes(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {kind: container[kind]["httpGet"] for kind in ("startupProbe", "livenessProbe", "readinessProbe")}
+
+
+@pytest.fixture(scope="module")
+def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    return Settings(model_repository=tmp_path_factory.mktemp("repo"))
+
+
+@pytest.fixture(scope="module")
+def app(settings: Settings) -> FastAPI:
+    return create_app(settings, models=[])
+
+
+def get(app: FastAPI, path: str) -> httpx.Response:
+    """In process; ASGITransport runs no lifespan, so no model is loaded: live but not ready."""
+
+    async def call() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            return await client.get(path)
+
+    return asyncio.run(call())
+
+
+# -- files parse, kustomization lists them all -------------------------------------------------------------
+
+
+def test_every_yaml_parses_into_named_objects() -> None:
+    files = sorted(DEPLOY.rglob("*.yaml"))
+    assert len(files) >= 7
+    for path in files:
+        for doc in load(path):
+            assert isinstance(doc, dict), path
+            if path.name != "kustomization.yaml":
+                assert doc.get("apiVersion") and doc.get("kind") and doc["metadata"].get("name"), path
+
+
+def test_kustomization_lists_every_manifest() -> None:
+    listed = set(load(K8S / "kustomization.yaml")[0]["resources"])
+    present = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+    assert listed == present
+    assert set(k8s_objects()) == {
+        "ConfigMap",
+        "Deployment",
+        "Service",
+        "HorizontalPodAutoscaler",
+        "PodDisruptionBudget",
+    }
+
+
+# -- probes hit real routes ---------------------------------------------------------------------------------
+
+
+def test_server_has_the_probe_routes(app: FastAPI) -> None:
+    assert {LIVE, READY, "/metrics"} <= set(app.openapi()["paths"])
+    live = get(app, LIVE)
+    assert live.status_code == 200 and live.json() == {"live": True}
+    assert get(app, READY).status_code == 503  # nothing loaded: not ready, but the route exists
+    assert get(app, "/metrics").status_code == 200  # the Prometheus scrape path
+
+
+@pytest.mark.parametrize("where", ["k8s", "kserve"])
+def test_probes_use_the_v2_health_routes(where: str) -> None:
+    container = deployment_container() if where == "k8s" else kserve_container()
+    got = probes(container)
+    assert got["startupProbe"]["path"] == LIVE
+    assert got["livenessProbe"]["path"] == LIVE
+    assert got["readinessProbe"]["path"] == READY
+
+
+def test_image_healthcheck_uses_liveness_route() -> None:
+    (healthcheck,) = [args for keyword, args in dockerfile_instructions() if keyword == "HEALTHCHECK"]
+    script = re.search(r'"(/app/[^"]+\.py)"', healthcheck)
+    assert script, healthcheck
+    local = ROOT / script.group(1).removeprefix("/app/")
+    assert LIVE in local.read_text()
+    assert any(
+        keyword == "COPY" and str(local.relative_to(ROOT)) in args for keyword, args in dockerfile_instructions()
+    )
+
+
+def test_healthcheck_script_exit_codes(monkeypatch: pytest.MonkeyPatch) -> None:
+    healthcheck = import_file("lara_deploy_healthcheck", DEPLOY / "docker" / "healthcheck.py")
+
+    class Live(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server API)
+            self.send_response(200 if self.path == LIVE else 404)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Live) as httpd:
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        monkeypatch.setenv("LARA_PORT", str(httpd.server_address[1]))
+        assert healthcheck.main() == 0
+        httpd.shutdown()
+    assert healthcheck.main() == 1  # nothing listens any more
+
+
+# -- ports ----------------------------------------------------------------------------------------------------
+
+
+def test_k8s_ports_agree() -> None:
+    objects = k8s_objects()
+    container = deployment_container()
+    (port,) = container["ports"]
+    config = objects["ConfigMap"]["data"]
+    assert int(config["LARA_PORT"]) == port["containerPort"]
+    assert config["LARA_HOST"] == "0.0.0.0"  # reachable from the kubelet and the Service
+    for probe in probes(container).values():
+        assert probe["port"] in (port["name"], port["containerPort"])
+    (service_port,) = objects["Service"]["spec"]["ports"]
+    assert service_port["targetPort"] in (port["name"], port["containerPort"])
+    annotations = objects["Deployment"]["spec"]["template"]["metadata"]["annotations"]
+    assert int(annotations["prometheus.io/port"]) == port["containerPort"]
+    assert annotations["prometheus.io/path"] == "/metrics"
+
+
+def test_kserve_ports_agree() -> None:
+    container = kserve_container()
+    (port,) = container["ports"]
+    env = lara_env_of(container)
+    assert int(env["LARA_PORT"]) == port["containerPort"] == 8080  # KServe's port for custom containers
+    assert env["LARA_HOST"] == "0.0.0.0"
+    assert env["PROTOCOL"] == "v2"
+    assert {p["port"] for p in probes(container).values()} == {port["containerPort"]}
+
+
+def test_dockerfile_port_and_bind() -> None:
+    exposed = [args for keyword, args in dockerfile_instructions() if keyword == "EXPOSE"]
+    env = docker_env()
+    assert exposed == [env["LARA_PORT"]] == ["8000"]
+    assert env["LARA_HOST"] == "0.0.0.0"
+    assert env["LARA_BACKEND"] == "onnxruntime"
+
+
+# -- env names are Settings fields, values are accepted --------------------------------------------------------
+
+
+def all_env_names() -> dict[str, set[str]]:
+    objects = k8s_objects()
+    return {
+        "configmap": set(objects["ConfigMap"]["data"]),
+        "deployment": set(lara_env_of(deployment_container())),
+        "kserve": set(lara_env_of(kserve_container())),
+        "dockerfile": {k for k in docker_env() if k.startswith("LARA_")},
+    }
+
+
+@pytest.mark.parametrize("where", ["configmap", "deployment", "kserve", "dockerfile"])
+def test_env_names_are_settings_fields(where: str) -> None:
+    fields = {"LARA_" + name.upper() for name in Settings.model_fields}
+    names = all_env_names()[where] - FOREIGN_ENV
+    assert names, where
+    assert names <= fields, f"not Settings fields: {sorted(names - fields)}"
+
+
+@pytest.mark.parametrize("where", ["configmap", "kserve", "dockerfile"])
+def test_env_values_are_valid_settings(where: str, tmp_path: Path) -> None:
+    if where == "configmap":
+        values = dict(k8s_objects()["ConfigMap"]["data"])
+    elif where == "kserve":
+        values = {k: v for k, v in lara_env_of(kserve_container()).items() if k not in FOREIGN_ENV}
+    else:
+        values = {k: v for k, v in docker_env().items() if k.startswith("LARA_")}
+    kwargs: dict[str, Any] = {k.removeprefix("LARA_").lower(): v for k, v in values.items()}
+    kwargs["model_repository"] = tmp_path  # the image's path does not exist here
+    Settings(**kwargs)  # raises on any value the server would refuse at start-up
+
+
+def test_api_key_comes_from_an_optional_secret() -> None:
+    (api_key,) = [e for e in deployment_container()["env"] if e["name"] == "LARA_API_KEY"]
+    assert "value" not in api_key
+    assert api_key["valueFrom"]["secretKeyRef"]["optional"] is True
+    assert "LARA_API_KEY" not in k8s_objects()["ConfigMap"]["data"]
+
+
+# -- objects reference each other ------------------------------------------------------------------------------
+
+
+def test_selectors_and_references() -> None:
+    objects = k8s_objects()
+    deployment = objects["Deployment"]
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    for selector in (
+        deployment["spec"]["selector"]["matchLabels"],
+        objects["Service"]["spec"]["selector"],
+        objects["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"],
+    ):
+        assert selector.items() <= pod_labels.items()
+    target = objects["HorizontalPodAutoscaler"]["spec"]["scaleTargetRef"]
+    assert (target["kind"], target["name"]) == ("Deployment", deployment["metadata"]["name"])
+    hpa = objects["HorizontalPodAutoscaler"]["spec"]
+    assert 1 <= objects["PodDisruptionBudget"]["spec"]["minAvailable"] < hpa["minReplicas"] <= hpa["maxReplicas"]
+    (config_ref,) = deployment_container()["envFrom"]
+    assert config_ref["configMapRef"]["name"] == objects["ConfigMap"]["metadata"]["name"]
+
+
+def test_threads_match_cpu_limit() -> None:
+    limit = deployment_container()["resources"]["limits"]["cpu"]
+    assert int(k8s_objects()["ConfigMap"]["data"]["LARA_NUM_THREADS"]) == int(limit)
+
+
+# -- image: non-root, lean, offline ---------------------------------------------------------------------------
+
+
+def test_dockerfile_base_is_a_build_arg_and_user_is_not_root() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    assert "# syntax=" not in text  # it would pull a frontend image
+    instructions = dockerfile_instructions()
+    assert instructions[0] == ("ARG", "BASE=local/debian:bookworm")
+    froms = [args for keyword, args in instructions if keyword == "FROM"]
+    assert froms and all(f.split()[0] == "${BASE}" for f in froms)
+    (user,) = [args for keyword, args in instructions if keyword == "USER"]
+    uid = user.split(":")[0]
+    assert uid not in ("0", "root")
+    assert k8s_objects()["Deployment"]["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == int(uid)
+    installs = [args for keyword, args in instructions if keyword == "RUN" and "pip install" in args]
+    assert installs and all("--no-index" in args for args in installs)
+
+
+def test_serving_requirements_are_lean_and_match_the_tested_venv() -> None:
+    pins = {}
+    for line in (DEPLOY / "requirements-serve.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            name, version = line.split("==")
+            pins[name] = version
+    assert "onnxruntime" in pins and "fastapi" in pins
+    assert not {"torch", "triton", "onnx", "onnxscript", "safetensors", "matplotlib"} & set(pins)
+    for name, version in pins.items():
+        assert importlib.metadata.version(name) == version, f"{name}: image pins {version}, tests run another"
+
+
+def test_dockerignore_keeps_the_context_small() -> None:
+    lines = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()]
+    assert lines[lines.index("*") :][0] == "*"  # allow-list: everything else (.git, .venv, runs/) is out
+    allowed = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
+    copied = set()
+    for keyword, args in dockerfile_instructions():
+        if keyword == "COPY" and "--from" not in args:
+            copied.add(args.split()[0].rstrip("/"))
+    assert {c for c in copied if c != "deploy/wheels"} <= allowed
+    assert "deploy/wheels/*.whl" in allowed
+
+
+# -- Ray Serve app: importable without ray, arguments checked ---------------------------------------------------
+
+
+def test_ray_app_imports_without_ray() -> None:
+    serve_app = import_file("lara_deploy_serve_app", DEPLOY / "ray" / "serve_app.py")
+    overrides, ray_options = serve_app.split_args({"max_batch_size": "8", "num_cpus": "2", "model": "m"})
+    assert overrides == {"max_batch_size": "8", "num_threads": "2"}
+    assert ray_options == {"num_cpus": "2", "model": "m"}
+    with pytest.raises(ValueError, match="unknown argument"):
+        serve_app.split_args({"max_batch": "8"})
+
+
+def test_ray_token_budget() -> None:
+    padded_tokens = import_file("lara_deploy_serve_app", DEPLOY / "ray" / "serve_app.py").padded_tokens
+
+    class Item:
+        def __init__(self, length: int) -> None:
+            self.length = length
+
+    def size(*lengths: int) -> int:
+        return padded_tokens([Item(n) for n in lengths], budget=1000, max_items=4)
+
+    assert size(300, 400) == 800  # padded to the longest
+    assert size(600, 500) > 1000  # over the budget: Ray defers the second item
+    assert size(10, 10, 10, 10) <= 1000 < size(10, 10, 10, 10, 10)  # the item count is capped too
+    assert size(5000) == 1000  # a lone long item still runs
+
+
+# -- optional tools: offline schema validation, kustomize -------------------------------------------------------
+
+
+def test_manifests_validate_against_kubernetes_schemas() -> None:
+    kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate not installed")
+    for doc in k8s_objects().values():
+        kv.validate(doc, "1.33", strict=True)
+    broken = dict(k8s_objects()["Service"])
+    broken["spec"] = {**broken["spec"], "selectr": {}}
+    with pytest.raises(kv.ValidationError):
+        kv.validate(broken, "1.33", strict=True)
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
+def test_kustomize_builds() -> None:
+    out = subprocess.run(
+        ["kubectl", "kustomize", str(K8S)], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    kinds = sorted(doc["kind"] for doc in yaml.safe_load_all(out) if doc)
+    assert kinds == sorted(k8s_objects())
+    assert "image: lara-serve:cpu" in out
