@@ -20,6 +20,9 @@ Run locally (from the repository root, in a venv with the server's dependencies 
 or on a running Ray cluster: `serve run deploy.ray.serve_app:ingress_app key=value ...`. Keys are LARA
 settings (server/settings.py field names) plus the Ray options `num_replicas` and `num_cpus` (per replica;
 also the backend's thread count unless `num_threads` is given) and, for `batched_app`, `model`.
+
+Checked with ray[serve] 2.60.0 on one machine: both apps answer health, v2 infer and concurrent requests
+(batched), and return errors as JSON.
 """
 
 from __future__ import annotations
@@ -129,6 +132,8 @@ def batched_app(args: dict[str, str] | None = None) -> Any:
             self.settings = settings.model_copy(update={"models": [model_name]})
             (self.model,) = load_models(self.settings).values()  # loads, checks and warms up
 
+        # max_batch_size is in padded tokens here, so Ray's warning that it exceeds max_ongoing_requests
+        # (a request count) does not apply.
         @serve.batch(
             max_batch_size=budget,
             batch_wait_timeout_s=settings.max_queue_delay_ms / 1000.0,
