@@ -31,7 +31,9 @@ COPY server/ /app/server/
 COPY clients/ /app/clients/
 COPY deploy/docker/healthcheck.py /app/deploy/docker/healthcheck.py
 COPY model_repository/ /app/model_repository/
-ENV PATH=/opt/venv/bin:$PATH \
+# PATH in full: an imported base (docker import) carries no PATH to extend.
+ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    LANG=C.UTF-8 \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     LARA_HOST=0.0.0.0 \

@@ -29,7 +29,16 @@ if ! docker image inspect "$BASE" >/dev/null 2>&1; then
     trap 'rm -rf "$rootfs"' EXIT
     echo "building base $BASE with debootstrap in $rootfs"
     debootstrap --variant=minbase bookworm "$rootfs" "$MIRROR"
-    tar -C "$rootfs" -c . | docker import - "$BASE"
+    # debootstrap lists only the release; add its updates and security suites for the image's apt-get.
+    cat >"$rootfs/etc/apt/sources.list" <<SOURCES
+deb $MIRROR bookworm main
+deb $MIRROR bookworm-updates main
+deb http://deb.debian.org/debian-security bookworm-security main
+SOURCES
+    rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
+    tar -C "$rootfs" -c . | docker import \
+        --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+        --change 'CMD ["/bin/bash"]' - "$BASE"
 fi
 
 # 2. Wheelhouse: binary wheels for the image's CPython 3.11 on x86_64 (bookworm has glibc 2.36), pinned by
