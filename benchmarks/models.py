@@ -54,23 +54,22 @@ def shapes(task: str, quick: bool) -> list[ex.ParityCase]:
     return [ex.ParityCase(b, n, pad=False) for n in lengths for b in BATCHES]
 
 
-def time_ms(fn: Callable[[], Any], work_s: float) -> tuple[float, float]:
-    """(best, median) in ms over >= 3 runs (more for quick calls, up to ~2 s), after one warm-up run.
+def interleaved_ms(fns: dict[str, Callable[[], Any]], work_s: float) -> dict[str, tuple[float, float]]:
+    """{name: (best, median) ms}: rounds run every backend once in turn, so load spikes hit all alike.
 
-    The best run is the headline: on a shared machine the median measures the neighbours too.
-    The caller has run `fn`'s work once already (work_s); slow calls get no further warm-up.
+    At least 3 rounds, more within ~3 s (at most 20). The best run is the headline: on a shared
+    machine the median measures the neighbours too. Every fn has run once already (warm).
     """
-    if work_s < 2.0:
-        fn()
-    times: list[float] = []
+    times: dict[str, list[float]] = {k: [] for k in fns}
     start = time.perf_counter()
-    while len(times) < 3 or (time.perf_counter() - start < 2.0 and len(times) < 30):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1000)
-        if work_s > 2.0 and len(times) >= 3:
-            break
-    return min(times), statistics.median(times)
+    rounds = 0
+    while rounds < 3 or (work_s < 0.5 and time.perf_counter() - start < 3.0 and rounds < 20):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append((time.perf_counter() - t0) * 1000)
+        rounds += 1
+    return {k: (min(v), statistics.median(v)) for k, v in times.items()}
 
 
 def bench_task(task: str, threads: int, quick: bool, compile_: bool) -> tuple[list[dict], list[dict], dict]:
@@ -81,32 +80,30 @@ def bench_task(task: str, threads: int, quick: bool, compile_: bool) -> tuple[li
     onnx_path, tmp = ex.export_to_tmp(model, max_length=LONG_MAX_LENGTH if task == "text" else None)
     info = {"model": name, "weights": weights, "export_s": round(time.perf_counter() - t0, 1)}
     session = ex.make_session(onnx_path, threads=threads)
-    compiled = None
-    if compile_:
-        compiled = torch.compile(model, dynamic=True)
+    compiled = torch.compile(model, dynamic=True) if compile_ else None
     rows = []
     for case in shapes(task, quick):
         feeds = ex.make_inputs(cfg, case)
         tensors = {k: torch.from_numpy(v) for k, v in feeds.items()}
         row: dict[str, Any] = {"task": task, "batch": case.batch, "tokens": case.seq}
+        fns: dict[str, Callable[[], Any]] = {
+            "onnxruntime": lambda f=feeds: session.run(["logits"], f),
+            "torch_eager": lambda t=tensors: model(**t),
+        }
         with torch.inference_mode():
             t = time.perf_counter()
             ref = model(**tensors).numpy()
-            first = time.perf_counter() - t
-            row["torch_eager_ms"], row["torch_eager_median_ms"] = time_ms(lambda t=tensors: model(**t), first)
+            work_s = time.perf_counter() - t
+            row["ort_max_abs_diff"] = float(np.abs(session.run(["logits"], feeds)[0] - ref).max())
             if compiled is not None:
                 t = time.perf_counter()
                 got = compiled(**tensors).numpy()  # compiles on the first call of a new shape kind
                 row["compile_first_call_s"] = round(time.perf_counter() - t, 1)
-                row["torch_compile_ms"], row["torch_compile_median_ms"] = time_ms(
-                    lambda t=tensors: compiled(**t), first
-                )
                 row["compile_max_abs_diff"] = float(np.abs(got - ref).max())
-        out = session.run(["logits"], feeds)[0]
-        row["onnxruntime_ms"], row["onnxruntime_median_ms"] = time_ms(lambda f=feeds: session.run(["logits"], f), first)
-        row["ort_max_abs_diff"] = float(np.abs(out - ref).max())
-        backends = {k: row[k] for k in ("onnxruntime_ms", "torch_eager_ms", "torch_compile_ms") if k in row}
-        row["fastest"] = min(backends, key=backends.get).removesuffix("_ms")
+                fns["torch_compile"] = lambda t=tensors: compiled(**t)
+            for backend, (best, median) in interleaved_ms(fns, work_s).items():
+                row[f"{backend}_ms"], row[f"{backend}_median_ms"] = best, median
+        row["fastest"] = min(fns, key=lambda b: row[f"{b}_ms"])
         rows.append(row)
         print(row, flush=True)
     options = ort_options(onnx_path, cfg, task, threads)
@@ -122,7 +119,7 @@ def ort_options(onnx_path: Path, cfg: Any, task: str, threads: int) -> list[dict
     for level in ("disable", "basic", "extended", "all"):
         for n in sorted({1, 2, threads}):
             session = ex.make_session(onnx_path, threads=n, level=level)
-            best, median = time_ms(lambda s=session: s.run(["logits"], feeds), 0.0)
+            ((best, median),) = interleaved_ms({"ort": lambda s=session: s.run(["logits"], feeds)}, 0.0).values()
             row = {"task": task, "batch": case.batch, "tokens": case.seq, "level": level, "threads": n}
             rows.append({**row, "ms": best, "median_ms": median})
     return rows
