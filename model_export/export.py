@@ -112,10 +112,21 @@ def export_onnx(model: nn.Module, cfg: ModelConfig, path: str | Path, max_length
             custom_translation_table=onnx_export.custom_translation_table(),
             verbose=False,
         )
-    proto = onnx_export.attach_lara_function(program.model_proto)
+    proto = strip_debug_metadata(onnx_export.attach_lara_function(program.model_proto))
     check_graph(proto, expected_lara_nodes=lara_layer_count(model))
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     onnx.save(proto, str(path))
+    return proto
+
+
+def strip_debug_metadata(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """Drop the exporter's per-node/value debug metadata (stack traces with absolute paths and line
+    numbers, FX node text): it changes with every source edit and checkout, so keeping it would make the
+    shipped file differ between identical exports."""
+    for node in proto.graph.node:
+        del node.metadata_props[:]
+    for value in [*proto.graph.value_info, *proto.graph.input, *proto.graph.output, *proto.graph.initializer]:
+        del value.metadata_props[:]
     return proto
 
 

@@ -23,6 +23,7 @@ from kernels._cpu import lara_forward_cpu
 from kernels.reference import lara_attention_ref
 from model_export import create_model, load_pretrained
 from model_export import export as ex
+from model_export.data import encode_bytes, normalize_images, pad_batch
 from model_export.registry import LABELS
 
 REPO = Path(__file__).resolve().parents[2] / "model_repository"
@@ -223,6 +224,31 @@ def test_export_keeps_the_torch_artifact(artifact):
     if artifact.before is not None:
         assert (artifact.path.parent / ex.WEIGHTS).read_bytes() == artifact.before["weights"]
         assert {k: v for k, v in conf.items() if k != "export"} == artifact.before["conf"]
+
+
+def test_shipped_parity_on_real_data(artifact, session, request):
+    """Trained logits on real inputs (64 images, or 24 BBC documents up to their full length)."""
+    if not artifact.shipped:
+        pytest.skip("no shipped model.onnx yet: random-weight parity is covered above")
+    conf = ex.load_config(artifact.path.parent.parent)
+    if conf["task"] == "image":
+        images, _ = request.getfixturevalue("fashion_test")
+        pre = conf["preprocessing"]
+        batches = [
+            {"pixel_values": normalize_images(images[i : i + 32], pre["mean"], pre["std"]).numpy()} for i in (0, 32)
+        ]
+    else:
+        docs = sorted(request.getfixturevalue("news_test"), key=lambda d: len(d.text))
+        docs = docs[:8] + docs[len(docs) // 2 : len(docs) // 2 + 8] + docs[-8:]
+        batches = []
+        for i in range(0, len(docs), 8):
+            ids, mask = pad_batch([encode_bytes(d.text, conf["preprocessing"]["max_length"]) for d in docs[i : i + 8]])
+            batches.append({"input_ids": ids.numpy(), "attention_mask": mask.numpy()})
+    for feeds in batches:
+        ref = ex.eager_logits(artifact.model, feeds)
+        got = session.run(["logits"], feeds)[0]
+        assert np.abs(got - ref).max() <= ex.PARITY_ATOL
+        assert np.array_equal(got.argmax(-1), ref.argmax(-1))
 
 
 # ----------------------------------------------------------------------------- export behaviour
