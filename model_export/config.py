@@ -43,6 +43,7 @@ class ViTConfig:
     heads: int = 3
     mlp_ratio: float = 2.0
     drop_path: float = 0.0
+    mlp_dwconv: bool = False  # 3x3 depthwise conv inside each MLP (PVTv2-style locality; not in attention)
     num_classes: int = 10
     mean: float = 0.2860  # Fashion-MNIST train pixel mean of x/255
     std: float = 0.3530

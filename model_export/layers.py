@@ -115,14 +115,24 @@ class Attention(nn.Module):
 
 
 class Mlp(nn.Module):
-    def __init__(self, dim: int, hidden: int, dropout: float = 0.0) -> None:
+    """fc1 -> (optional 3x3 depthwise conv over the token grid, as in PVTv2) -> GELU -> fc2."""
+
+    def __init__(self, dim: int, hidden: int, dropout: float = 0.0, dwconv: bool = False) -> None:
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden)
+        self.dwconv = nn.Conv2d(hidden, hidden, 3, padding=1, groups=hidden) if dwconv else None
         self.fc2 = nn.Linear(hidden, dim)
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.drop(self.fc2(self.drop(F.gelu(self.fc1(x)))))
+    def forward(self, x: Tensor, grid: tuple[int, int] | None = None) -> Tensor:
+        x = self.fc1(x)  # [B, N, hidden]
+        if self.dwconv is not None:
+            if grid is None:
+                raise ValueError("the depthwise-conv MLP needs a token grid (image models only)")
+            b, n, c = x.shape
+            g = x.transpose(1, 2).reshape(b, c, grid[0], grid[1])  # [B, hidden, gh, gw]
+            x = self.dwconv(g).flatten(2).transpose(1, 2)  # [B, N, hidden]
+        return self.drop(self.fc2(self.drop(F.gelu(x))))
 
 
 class DropPath(nn.Module):
@@ -152,18 +162,19 @@ class Block(nn.Module):
         dropout: float = 0.0,
         drop_path: float = 0.0,
         seed: int = 0,
+        mlp_dwconv: bool = False,
     ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim)
         self.attn = Attention(dim, heads, cfg, layer_index, seed)
         self.norm2 = nn.LayerNorm(dim)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), dropout)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), dropout, dwconv=mlp_dwconv)
         self.drop = nn.Dropout(dropout)
         self.drop_path = DropPath(drop_path)
 
     def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, grid: tuple[int, int] | None = None) -> Tensor:
         x = x + self.drop_path(self.drop(self.attn(self.norm1(x), key_padding_mask, grid)))
-        return x + self.drop_path(self.mlp(self.norm2(x)))
+        return x + self.drop_path(self.mlp(self.norm2(x), grid))
 
 
 def init_weights(module: nn.Module) -> None:

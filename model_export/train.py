@@ -73,6 +73,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--train-length", type=int, default=4096, help="sequence truncation in training")
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (smoke tests)")
     p.add_argument("--time-budget", type=float, default=None, help="minutes of training; schedule fits the budget")
+    p.add_argument("--no-augment", action="store_true", help="images: no random crop / flip")
+    p.add_argument("--label-smoothing", type=float, default=None)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-test", action="store_true", help="skip the final test-set evaluation")
@@ -85,7 +87,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     dataset = DATASETS[args.model]
     hp = {**DEFAULTS[dataset]}
-    for k in ("batch_size", "lr", "epochs"):
+    for k in ("batch_size", "lr", "epochs", "label_smoothing"):
         if getattr(args, k) is not None:
             hp[k] = getattr(args, k)
     overrides = json.loads(args.override)
@@ -98,6 +100,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     ckpt = Path(args.run_dir or f"runs/ckpt/{out.name}")
 
     train_task = load_task(dataset, "train", cfg, train_length=args.train_length, limit=args.limit)
+    if args.no_augment and hasattr(train_task, "augment"):
+        train_task.augment = False
     val_task = load_task(dataset, "val", cfg, limit=args.eval_limit)
     steps_epoch = train_task.steps_per_epoch(hp["batch_size"])
     total = steps_epoch * hp["epochs"] if args.max_steps is None else min(args.max_steps, steps_epoch * hp["epochs"])
@@ -192,6 +196,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             "train_length": args.train_length if dataset != "fashion" else None,
             "limit": args.limit,
             "time_budget_min": args.time_budget,
+            "augment": dataset == "fashion" and not args.no_augment,
             "threads": torch.get_num_threads(),
             "schedule": "warmup+cosine",
             "command": "python -m model_export.train "

@@ -49,7 +49,16 @@ class ViT(nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(1, cfg.dim, self.grid, self.grid))
         dpr = [cfg.drop_path * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
         self.blocks = nn.ModuleList(
-            Block(cfg.dim, cfg.heads, cfg.mlp_ratio, cfg.attention, i, drop_path=dpr[i], seed=seed)
+            Block(
+                cfg.dim,
+                cfg.heads,
+                cfg.mlp_ratio,
+                cfg.attention,
+                i,
+                drop_path=dpr[i],
+                seed=seed,
+                mlp_dwconv=cfg.mlp_dwconv,
+            )
             for i in range(cfg.depth)
         )
         self.norm = nn.LayerNorm(cfg.dim)

@@ -1,0 +1,192 @@
+"""Baselines for the shipped models: attention kinds under one budget, TF-IDF + LR, ListOps.
+
+    python benchmarks/baselines.py --only tfidf image text listops [--threads 1]
+
+Every group trains the shipped architecture (or the registered ListOps one) with the same seed, data
+and budget for each attention kind, and merges its rows into benchmarks/results/baselines.json. The
+budgets are small (a 2-core shared machine); they are stated in every row and in the markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results" / "baselines.json"
+RUNS = ROOT / "runs" / "baselines"
+
+# name: (registered model, attention kinds, train CLI args describing the budget, budget text)
+GROUPS: dict[str, tuple[str, list[str], list[str], str]] = {
+    "image": (
+        "lara-vit-fashion",
+        ["lara", "softmax", "performer", "ra"],
+        ["--limit", "4000", "--epochs", "1", "--batch-size", "64", "--eval-limit", "2000"],
+        "1 epoch over 4,000 train images (batch 64), test = first 2,000 t10k images",
+    ),
+    "text": (
+        "lara-text-news",
+        ["lara", "softmax", "performer"],
+        ["--limit", "800", "--epochs", "2", "--train-length", "1024", "--override", '{"max_length": 1024}'],
+        "2 epochs over 800 train docs truncated to 1,024 bytes (batch 16); test = whole BBC test split, 1,024 bytes",
+    ),
+    "listops": (
+        "lara-listops",
+        ["lara", "softmax"],
+        ["--limit", "2000", "--epochs", "1", "--eval-limit", "500"],
+        "1 epoch over 2,000 generated train sequences (<= 2,000 tokens, batch 32); test = first 500 test sequences",
+    ),
+}
+
+
+def run_group(group: str, threads: int, seed: int) -> list[dict[str, Any]]:
+    from model_export import train
+
+    name, kinds, budget_args, budget = GROUPS[group]
+    rows = []
+    for kind in kinds:
+        out = RUNS / f"{group}-{kind}"
+        argv = [
+            "--model",
+            name,
+            "--attention",
+            kind,
+            *budget_args,
+            "--out",
+            str(out),
+            "--run-dir",
+            str(RUNS / "ckpt" / f"{group}-{kind}"),
+            "--threads",
+            str(threads),
+            "--seed",
+            str(seed),
+        ]
+        t0 = time.perf_counter()
+        m = train.train(train.parse_args(argv))
+        rows.append(
+            {
+                "task": group,
+                "model": name,
+                "attention": kind,
+                "budget": budget,
+                "seed": seed,
+                "test_accuracy": round(m["test_accuracy"], 4),
+                "n_test": m["n_test"],
+                "train_time_s": m["train_time_s"],
+                "wall_time_s": round(time.perf_counter() - t0, 1),
+                "threads": threads,
+                "command": "python -m model_export.train " + " ".join(argv),
+            }
+        )
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def run_tfidf(seed: int) -> list[dict[str, Any]]:
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+
+    from model_export.data import load_news
+
+    train, test = load_news("train"), load_news("test")
+    t0 = time.perf_counter()
+    vec = TfidfVectorizer(sublinear_tf=True, ngram_range=(1, 2), min_df=2)
+    x_train = vec.fit_transform([d.text for d in train])
+    clf = LogisticRegression(C=10.0, max_iter=2000, random_state=seed).fit(x_train, [d.label for d in train])
+    elapsed = time.perf_counter() - t0
+    pred = clf.predict(vec.transform([d.text for d in test]))
+    acc = float((pred == [d.label for d in test]).mean())
+    return [
+        {
+            "task": "text",
+            "model": "tfidf-logreg",
+            "attention": "-",
+            "seed": seed,
+            "budget": "word 1-2-gram TF-IDF (sublinear, min_df 2) + logistic regression (C=10), all train docs",
+            "test_accuracy": round(acc, 4),
+            "n_test": len(test),
+            "train_time_s": round(elapsed, 1),
+        }
+    ]
+
+
+def shipped_rows() -> list[dict[str, Any]]:
+    rows = []
+    for name in ("lara-vit-fashion", "lara-text-news"):
+        path = ROOT / "model_repository" / name / "config.json"
+        if path.is_file():
+            conf = json.loads(path.read_text())
+            tr = conf.get("training", {})
+            rows.append(
+                {
+                    "task": "image" if conf["task"] == "image" else "text",
+                    "model": name + " (shipped)",
+                    "attention": conf["attention"]["kind"],
+                    "seed": conf.get("seed"),
+                    "budget": f"{conf['metrics']['epochs']} epochs, {tr.get('time_budget_min')} min budget, full train split",
+                    "test_accuracy": round(conf["metrics"]["test_accuracy"], 4),
+                    "n_test": conf["metrics"]["n_test"],
+                    "train_time_s": conf["metrics"]["train_time_s"],
+                }
+            )
+    return rows
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| task | model | attention | budget | test accuracy | n test | train time (s) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(rows, key=lambda r: (r["task"], r["model"], r["attention"])):
+        lines.append(
+            f"| {r['task']} | {r['model']} | {r['attention']} | {r['budget']} | "
+            f"{100 * r['test_accuracy']:.1f}% | {r['n_test']} | {r['train_time_s']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only", nargs="+", default=["tfidf", *GROUPS], choices=["tfidf", "shipped", *GROUPS])
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    old = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {"rows": []}
+    rows = old["rows"]
+    for group in args.only:
+        new = (
+            run_tfidf(args.seed)
+            if group == "tfidf"
+            else shipped_rows()
+            if group == "shipped"
+            else run_group(group, args.threads, args.seed)
+        )
+        keys = {(r["task"], r["model"], r["attention"]) for r in new}
+        rows = [r for r in rows if (r["task"], r["model"], r["attention"]) not in keys] + new
+        # Re-read and merge before writing: groups may run in parallel processes.
+        cur = json.loads(RESULTS.read_text())["rows"] if RESULTS.is_file() else []
+        rows = [
+            r
+            for r in cur
+            if (r["task"], r["model"], r["attention"]) not in {(x["task"], x["model"], x["attention"]) for x in rows}
+        ] + rows
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(
+            json.dumps(
+                {
+                    "rows": rows,
+                    "markdown": markdown(rows),
+                    "machine": "2 shared CPU cores (3 other engineers' jobs running), torch CPU, 1 thread per job",
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+    print(markdown(rows))
+
+
+if __name__ == "__main__":
+    main()
