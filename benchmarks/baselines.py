@@ -24,14 +24,14 @@ GROUPS: dict[str, tuple[str, list[str], list[str], str]] = {
     "image": (
         "lara-vit-fashion",
         ["lara", "softmax", "performer", "ra"],
-        ["--limit", "4000", "--epochs", "1", "--batch-size", "64", "--eval-limit", "2000"],
-        "1 epoch over 4,000 train images (batch 64), test = first 2,000 t10k images",
+        ["--limit", "3000", "--epochs", "1", "--batch-size", "64", "--eval-limit", "1000"],
+        "1 epoch over 3,000 train images (batch 64), test = first 1,000 t10k images",
     ),
     "text": (
         "lara-text-news",
         ["lara", "softmax", "performer"],
-        ["--limit", "800", "--epochs", "2", "--train-length", "1024", "--override", '{"max_length": 1024}'],
-        "2 epochs over 800 train docs truncated to 1,024 bytes (batch 16); test = whole BBC test split, 1,024 bytes",
+        ["--limit", "600", "--epochs", "2", "--train-length", "1024", "--override", '{"max_length": 1024}'],
+        "2 epochs over 600 train docs truncated to 1,024 bytes (batch 16); test = whole BBC test split, 1,024 bytes",
     ),
     "listops": (
         "lara-listops",

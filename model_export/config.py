@@ -38,6 +38,7 @@ class ViTConfig:
     patch_size: int = 2  # stride of the last stem conv: 2 -> 14x14 = 196 tokens, 1 -> 784
     stem_channels: int = 32  # 0: plain linear patch embedding (no conv stem)
     stem_layers: int = 2  # 3x3 convs at full resolution before the strided one
+    stem_grid_layers: int = 0  # 3x3 convs at the token-grid resolution after the strided one
     dim: int = 96
     depth: int = 4
     heads: int = 3

@@ -77,7 +77,7 @@ def encode(expr: str) -> list[int]:
     return [VOCAB[t] for t in expr.split()]
 
 
-def load_split(split: str, n_train: int = 4000, seed: int = 0) -> tuple[list[list[int]], list[int]]:
+def load_split(split: str, n_train: int = 2000, seed: int = 0) -> tuple[list[list[int]], list[int]]:
     """(token id lists, labels) of "train" | "val" | "test"; cached as JSON under data_cache/ (git-ignored)."""
     path = CACHE / f"seed{seed}-n{n_train}.json"
     if path.is_file():

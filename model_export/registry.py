@@ -29,10 +29,12 @@ LISTOPS_LABELS = [str(i) for i in range(10)]
 _REGISTRY: dict[str, ModelConfig] = {
     "lara-vit-fashion": ViTConfig(
         patch_size=2,
-        stem_channels=24,
+        stem_channels=32,
         stem_layers=2,
+        stem_grid_layers=2,
+        mlp_dwconv=True,
         dim=64,
-        depth=3,
+        depth=2,
         heads=2,
         mlp_ratio=2.0,
         attention=AttentionConfig(kind="lara", num_landmarks=49),

@@ -31,7 +31,17 @@ class ConvStem(nn.Module):
                 nn.GELU(),
             ]
             ch = cfg.stem_channels
-        layers.append(nn.Conv2d(ch, cfg.dim, kernel_size=max(3, p), stride=p, padding=max(3, p) // 2 if p < 3 else 0))
+        k, pad = (3, 1) if p < 3 else (p, 0)
+        if cfg.stem_grid_layers == 0:
+            layers.append(nn.Conv2d(ch, cfg.dim, kernel_size=k, stride=p, padding=pad))
+        else:
+            # More conv work at the token-grid resolution: a small CNN before the attention blocks.
+            layers += [nn.Conv2d(ch, cfg.dim, k, stride=p, padding=pad, bias=False), nn.BatchNorm2d(cfg.dim), nn.GELU()]
+            for i in range(cfg.stem_grid_layers):
+                last = i == cfg.stem_grid_layers - 1
+                layers.append(nn.Conv2d(cfg.dim, cfg.dim, 3, padding=1, bias=last))
+                if not last:
+                    layers += [nn.BatchNorm2d(cfg.dim), nn.GELU()]
         self.body = nn.Sequential(*layers)
 
     def forward(self, x: Tensor) -> Tensor:
