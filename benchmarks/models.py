@@ -17,6 +17,7 @@ Writes benchmarks/results/models.json and prints a markdown table.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import time
@@ -29,7 +30,7 @@ import onnxruntime as ort
 import torch
 from torch import nn
 
-from benchmarks.common import environment, markdown_table, write_json
+from benchmarks.common import RESULTS, environment, markdown_table, write_json
 from model_export import create_model, load_pretrained
 from model_export import export as ex
 
@@ -131,16 +132,27 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true", help="skip the 16K-token documents")
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     p.add_argument("--tasks", default="text,image")
+    p.add_argument("--merge", action="store_true", help="keep the other tasks' rows of the existing JSON")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     env = {**environment(), "onnxruntime": ort.__version__, "load_average": os.getloadavg()}
     results, options, models = [], [], []
-    for task in args.tasks.split(","):
+    tasks = args.tasks.split(",")
+    for task in tasks:
         rows, opts, info = bench_task(task, args.threads, args.quick, not args.no_compile)
         results += rows
         options += opts
         models.append(info)
     env["load_average_end"] = os.getloadavg()
+    envs = {task: env for task in tasks}
+    if args.merge and (RESULTS / "models.json").is_file():
+        old = json.loads((RESULTS / "models.json").read_text())
+        keep = [m["model"] for m in old["models"] if m["model"] not in {MODELS[t] for t in tasks}]
+        old_env = old.get("environments") or {t: old["environment"] for t in MODELS}
+        envs = {**{t: old_env[t] for t in MODELS if MODELS[t] in keep}, **envs}
+        models = [m for m in old["models"] if m["model"] in keep] + models
+        results = [r for r in old["results"] if r["task"] not in tasks] + results
+        options = [r for r in old["ort_options"] if r["task"] not in tasks] + options
     cols = ["onnxruntime_ms", "torch_eager_ms", "torch_compile_ms"]
     table = markdown_table(
         ["task", "batch", "tokens", "onnxruntime ms", "torch eager ms", "torch.compile ms", "fastest (best of N)"],
@@ -160,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     path = write_json(
         "models.json",
-        {"environment": env, "models": models, "note": note, "results": results, "ort_options": options,
+        {"environments": envs, "models": models, "note": note, "results": results, "ort_options": options,
          "table_md": table, "ort_options_md": opt_table},
     )  # fmt: skip
     print(table)
