@@ -55,5 +55,11 @@ mkdir -p model_repository
 if ! compgen -G "model_repository/*/config.json" >/dev/null; then
     echo "note: model_repository/ has no model; run the image with -v REPO:/models -e LARA_MODEL_REPOSITORY=/models"
 fi
+# The image runs as uid 10001: every served file must be world-readable (COPY keeps modes).
+unreadable=$(find model_repository \( -name '*.onnx' -o -name '*.json' \) ! -perm -o=r -print)
+if [ -n "$unreadable" ]; then
+    echo "not world-readable (the server runs as uid 10001): $unreadable; chmod a+r them" >&2
+    exit 1
+fi
 docker build --network host --build-arg "BASE=$BASE" -t "$IMAGE" .
 docker image ls "$IMAGE"
