@@ -27,6 +27,12 @@ GROUPS: dict[str, tuple[str, list[str], list[str], str]] = {
         ["--limit", "3000", "--epochs", "1", "--batch-size", "64", "--eval-limit", "1000"],
         "1 epoch over 3,000 train images (batch 64), test = first 1,000 t10k images",
     ),
+    "image-10k": (
+        "lara-vit-fashion",
+        ["lara", "softmax", "performer", "ra"],
+        ["--limit", "10000", "--epochs", "1", "--batch-size", "64", "--eval-limit", "1000"],
+        "1 epoch over 10,000 train images (batch 64), test = first 1,000 t10k images",
+    ),
     "text": (
         "lara-text-news",
         ["lara", "softmax", "performer"],
