@@ -9,7 +9,7 @@ ENV DEBIAN_FRONTEND=noninteractive
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends python3 python3-venv \
-    && rm -rf /var/lib/apt/lists/*
+    && apt-get clean && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin
 COPY deploy/requirements-serve.txt /tmp/requirements-serve.txt
 COPY deploy/wheels/ /tmp/wheels/
 RUN python3 -m venv /opt/venv \
@@ -23,7 +23,7 @@ ENV DEBIAN_FRONTEND=noninteractive
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends python3 \
-    && rm -rf /var/lib/apt/lists/* \
+    && apt-get clean && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin \
     && useradd --system --uid 10001 --user-group --home-dir /app --no-create-home --shell /usr/sbin/nologin lara
 COPY --from=build /opt/venv /opt/venv
 WORKDIR /app
