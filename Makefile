@@ -33,6 +33,7 @@ debs:
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/hadolint Dockerfile
 
 test: setup lint
 	$(PY) -m pytest -q
