@@ -53,9 +53,10 @@ def _methods(n: int):
 
 
 @torch.no_grad()
-def _memory_probe(method: str, n: int) -> float | None:
+def _memory_probe(method: str, n: int, threads: int) -> float | None:
     """Runs in a fresh process: there the first call's resident high-water mark is the method's own
     peak (a warm process reuses freed heap, which hides it)."""
+    torch.set_num_threads(threads)
     _methods(256)[method]()  # first-call set-up (thread pools, dispatch caches) is not the method's memory
     fn = _methods(n)[method]
     return peak_extra_memory_mib(fn)
@@ -64,7 +65,7 @@ def _memory_probe(method: str, n: int) -> float | None:
 def peak_memory(method: str, n: int) -> float | None:
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
-        return pool.submit(_memory_probe, method, n).result()
+        return pool.submit(_memory_probe, method, n, torch.get_num_threads()).result()
 
 
 @torch.no_grad()
@@ -183,7 +184,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="N = 1K..8K and short timing budgets")
     parser.add_argument("--max-n", type=int, default=65536, help="largest sequence length of the sweep")
+    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: library default)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     sizes = [2**p for p in range(10, 17) if 2**p <= (8192 if args.quick else args.max_n)]
     budget = 0.3 if args.quick else 1.0
 
