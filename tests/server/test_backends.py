@@ -64,16 +64,6 @@ def test_missing_onnx_file_is_explained(repo: Path, tmp_path: Path) -> None:
         create_backend("onnxruntime", tmp_path, config, "cpu")
 
 
-def test_torch_backend_without_model_export_says_why(repo: Path) -> None:
-    try:
-        from model_export import load_pretrained  # noqa: F401
-    except ImportError:
-        with pytest.raises(BackendUnavailable, match="model_export"):
-            create_backend("torch", repo / TEXT, read_config(repo / TEXT), "cpu")
-    else:
-        pytest.skip("model_export.load_pretrained exists; covered by test_real_models_both_backends_agree")
-
-
 def _real_models() -> list[Path]:
     return sorted(p.parent for p in DEFAULT_MODEL_REPOSITORY.glob("*/config.json"))
 
