@@ -30,6 +30,19 @@ class LaraInputs:
     alpha_coeff: float
     noise: Tensor | None
 
+    def as_args(self) -> tuple:
+        """The fields in the positional order every backend's forward function takes."""
+        return (
+            self.q,
+            self.k,
+            self.v,
+            self.q_landmarks,
+            self.k_landmarks,
+            self.key_padding_mask,
+            self.alpha_coeff,
+            self.noise,
+        )
+
     @property
     def device(self) -> torch.device:
         return self.q.device
@@ -70,16 +83,7 @@ class TorchBackend(Backend):
 
     @classmethod
     def forward(cls, inputs: LaraInputs) -> Tensor:
-        return lara_forward_cpu(
-            inputs.q,
-            inputs.k,
-            inputs.v,
-            inputs.q_landmarks,
-            inputs.k_landmarks,
-            inputs.key_padding_mask,
-            inputs.alpha_coeff,
-            inputs.noise,
-        )
+        return lara_forward_cpu(*inputs.as_args())
 
 
 def _triton_interpreting() -> bool:
@@ -114,16 +118,7 @@ class TritonBackend(Backend):
     def forward(cls, inputs: LaraInputs) -> Tensor:
         from kernels._triton import lara_forward_triton
 
-        return lara_forward_triton(
-            inputs.q,
-            inputs.k,
-            inputs.v,
-            inputs.q_landmarks,
-            inputs.k_landmarks,
-            inputs.key_padding_mask,
-            inputs.alpha_coeff,
-            inputs.noise,
-        )
+        return lara_forward_triton(*inputs.as_args())
 
 
 # Order is preference: the fused kernel where it runs, the blocked PyTorch path everywhere else.
