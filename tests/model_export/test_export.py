@@ -252,16 +252,20 @@ def test_shipped_parity_on_real_data(artifact, session, request):
 
 
 # ----------------------------------------------------------------------------- export behaviour
-def test_eval_noise_is_an_initializer(artifact):
-    model = artifact.model
+def test_eval_noise_is_an_initializer(tmp_path):
+    """Fixed-noise eval (spec 7): the stored noise becomes an initializer feeding each node, no Random op.
+    The shipped models evaluate at the proposal means, so a tiny fixed-noise model is exported here."""
+    model = create_model("tiny-text", attention={"kind": "lara", "num_landmarks": 4, "eval_noise": "fixed"}).eval()
     buffers = [m.eval_noise for m in model.modules() if hasattr(m, "eval_noise")]
-    if not buffers:
-        pytest.skip("this model evaluates at the proposal means (no eval noise)")
-    proto = onnx.load(str(artifact.path))
+    assert buffers, "eval_noise='fixed' must register a noise buffer"
+    proto = ex.export_onnx(model, model.cfg, tmp_path / "m.onnx")
+    assert not [n for n in proto.graph.node if n.op_type.startswith("Random")]
     inits = {t.name: onnx.numpy_helper.to_array(t) for t in proto.graph.initializer}
     nodes = [n for n in proto.graph.node if n.op_type == onnx_export.OP_NAME]
     for node, noise in zip(nodes, buffers, strict=True):
         assert node.input[6] in inits and np.array_equal(inits[node.input[6]], noise.numpy())
+    rows = ex.measure_parity(model, model.cfg, ex.make_session(tmp_path / "m.onnx"), [ex.ParityCase(2, 37)])
+    assert rows[0]["max_abs_diff"] <= ex.PARITY_ATOL and rows[0]["argmax_equal"], rows
 
 
 def test_export_is_deterministic(artifact, tmp_path):
