@@ -64,6 +64,10 @@ class TextConfig:
     mlp_ratio: float = 2.0
     ngram_buckets: int = 0  # >0: hashed 2..4-gram embeddings added at every position
     ngram_orders: tuple[int, ...] = (2, 3, 4)
+    # "sinusoidal": absolute positions (do not extrapolate past the trained length);
+    # "conv": a masked depthwise Conv1d over the embeddings, relative and length-free (CPVT-style).
+    positions: Literal["sinusoidal", "conv"] = "sinusoidal"
+    conv_kernel: int = 9
     dropout: float = 0.1
     num_classes: int = 5
     attention: AttentionConfig = field(default_factory=lambda: AttentionConfig(num_landmarks=16))

@@ -24,6 +24,7 @@ FASHION_LABELS = [
     "Ankle boot",
 ]
 NEWS_LABELS = ["business", "entertainment", "politics", "sport", "tech"]
+GENRE_LABELS = ["press", "general", "learned", "fiction"]  # model_export.brown.GENRES
 LISTOPS_LABELS = [str(i) for i in range(10)]
 
 _REGISTRY: dict[str, ModelConfig] = {
@@ -39,13 +40,27 @@ _REGISTRY: dict[str, ModelConfig] = {
         mlp_ratio=2.0,
         attention=AttentionConfig(kind="lara", num_landmarks=49),
     ),
+    # Convolutional (relative) positions + mixed-length training: accuracy holds from 1 KB to 64 KB.
     "lara-text-news": TextConfig(
-        max_length=8192,
+        max_length=65536,
         dim=128,
         depth=2,
         heads=4,
         ngram_buckets=16381,
+        positions="conv",
         dropout=0.1,
+        attention=AttentionConfig(kind="lara", num_landmarks=16),
+    ),
+    # Brown corpus genres: 12-15 KB documents served whole.
+    "lara-text-genre": TextConfig(
+        max_length=65536,
+        dim=128,
+        depth=2,
+        heads=4,
+        ngram_buckets=16381,
+        positions="conv",
+        dropout=0.2,
+        num_classes=4,
         attention=AttentionConfig(kind="lara", num_landmarks=16),
     ),
     "lara-listops": TextConfig(
@@ -77,6 +92,8 @@ _REGISTRY: dict[str, ModelConfig] = {
         heads=2,
         mlp_ratio=1.0,
         ngram_buckets=97,
+        positions="conv",
+        conv_kernel=3,
         dropout=0.0,
         attention=AttentionConfig(kind="lara", num_landmarks=4),
     ),
@@ -85,6 +102,7 @@ _REGISTRY: dict[str, ModelConfig] = {
 LABELS = {
     "lara-vit-fashion": FASHION_LABELS,
     "lara-text-news": NEWS_LABELS,
+    "lara-text-genre": GENRE_LABELS,
     "lara-listops": LISTOPS_LABELS,
     "tiny-vit": FASHION_LABELS,
     "tiny-text": NEWS_LABELS,
@@ -126,6 +144,7 @@ def create_model(name: str, seed: int = 0, **overrides: Any) -> nn.Module:
 DATASETS = {
     "lara-vit-fashion": "fashion",
     "lara-text-news": "news",
+    "lara-text-genre": "brown",
     "lara-listops": "listops",
     "tiny-vit": "fashion",
     "tiny-text": "news",

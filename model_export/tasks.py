@@ -5,6 +5,7 @@ Each task yields (inputs: dict of named tensors for model(**inputs), labels [B])
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ import torch
 from torch import Tensor
 
 from model_export import data
+from model_export.long_docs import LengthMixTask
 
 Batch = tuple[dict[str, Tensor], Tensor]
 
@@ -94,28 +96,71 @@ class SequenceTask:
         return math.ceil(len(self) / batch_size)
 
 
-Task = ImageTask | SequenceTask
+Task = ImageTask | SequenceTask | LengthMixTask
+HOLDOUT = {"fashion": 2000, "news": 150, "brown": 40}  # seeded per-epoch validation docs (seed 1234)
+
+
+def text_docs(dataset: str, split: str) -> tuple[list[str], list[int]]:
+    """(texts, labels) of a text dataset's split: "train" | "val" | "test" | "trainval" (train + holdout)."""
+    if dataset == "news":
+        docs = data.load_news("test" if split == "test" else "train")
+        texts, labels = [d.text for d in docs], [d.label for d in docs]
+    elif dataset == "brown":
+        from model_export.brown import load_brown
+
+        bdocs = load_brown("test" if split == "test" else "train")
+        texts, labels = [d.text for d in bdocs], [d.label for d in bdocs]
+    else:
+        raise ValueError(f"{dataset!r} is not a text-document dataset (news, brown)")
+    if split in ("train", "val"):
+        tr, va = data.holdout_split(len(texts), HOLDOUT[dataset], seed=1234)
+        keep = (tr if split == "train" else va).tolist()
+        texts, labels = [texts[i] for i in keep], [labels[i] for i in keep]
+    return texts, labels
 
 
 def _subset(task: Task, idx: Tensor) -> Task:
+    if isinstance(task, LengthMixTask):
+        return dataclasses.replace(task, docs=[task.docs[i] for i in idx.tolist()], labels=task.labels[idx])
     if isinstance(task, ImageTask):
         return ImageTask(task.images[idx], task.labels[idx], task.mean, task.std, task.augment)
     return SequenceTask([task.seqs[i] for i in idx.tolist()], task.labels[idx], task.train_length, task.eval_length)
 
 
-def load_task(dataset: str, split: str, cfg: Any, train_length: int | None = None, limit: int | None = None) -> Task:
-    """split: "train" | "val" | "test" | "trainval". val is a seeded holdout of the train split."""
+def load_task(
+    dataset: str,
+    split: str,
+    cfg: Any,
+    train_length: int | None = None,
+    limit: int | None = None,
+    length_mix: dict[str, Any] | None = None,
+) -> Task:
+    """split: "train" | "val" | "test" | "trainval". val is a seeded holdout of the train split.
+
+    length_mix (text datasets, training): LengthMixTask settings for mixed-length windows and composites.
+    """
     base = "test" if split == "test" else "train"
+    if dataset in ("news", "brown") and (length_mix is not None or dataset == "brown"):
+        texts, labels = text_docs(dataset, split)
+        raws = [t.encode("utf-8") for t in texts]
+        y = torch.tensor(labels, dtype=torch.int64)
+        if split in ("train", "trainval") and length_mix is not None:
+            task: Task = LengthMixTask(raws, y, cfg.max_length, **length_mix)
+        else:
+            task = SequenceTask([[b + 1 for b in r[: cfg.max_length]] for r in raws], y, cfg.max_length, cfg.max_length)
+        if limit is not None and limit < len(task):
+            task = _subset(task, torch.arange(limit))
+        return task
     if dataset == "fashion":
         images, labels = data.load_fashion(base)
-        task: Task = ImageTask(images, labels, cfg.mean, cfg.std, augment=split == "train")
-        n_val = 2000
+        task = ImageTask(images, labels, cfg.mean, cfg.std, augment=split == "train")
+        n_val = HOLDOUT["fashion"]
     elif dataset == "news":
         docs = data.load_news(base)
         seqs = [data.encode_bytes(d.text, cfg.max_length) for d in docs]
         labels = torch.tensor([d.label for d in docs], dtype=torch.int64)
         task = SequenceTask(seqs, labels, train_length or cfg.max_length, cfg.max_length)
-        n_val = 150
+        n_val = HOLDOUT["news"]
     elif dataset == "listops":
         from model_export import listops
 

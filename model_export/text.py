@@ -1,4 +1,8 @@
-"""Byte-level text encoder: byte (+ hashed n-gram) embeddings, sinusoidal positions, masked mean pooling."""
+"""Byte-level text encoder: byte (+ hashed n-gram) embeddings, positions, masked mean pooling.
+
+Positions are either sinusoidal (absolute; accuracy falls past the trained length) or a masked depthwise
+convolution (relative, so the same weights read a 64 KB document as they read a 1 KB one).
+"""
 
 from __future__ import annotations
 
@@ -52,6 +56,21 @@ class NgramEmbedding(nn.Module):
         return out
 
 
+class ConvPositions(nn.Module):
+    """x + DWConv1d(x) over real tokens only: pads are zeroed first, so a document's output does not
+    depend on the padding beside it, and the kernel sees the same zeros at a document's ends either way."""
+
+    def __init__(self, dim: int, kernel: int) -> None:
+        super().__init__()
+        if kernel % 2 == 0:
+            raise ValueError(f"conv_kernel must be odd (centred), got {kernel}")
+        self.conv = nn.Conv1d(dim, dim, kernel, padding=kernel // 2, groups=dim)
+
+    def forward(self, x: Tensor, valid: Tensor) -> Tensor:
+        x = x * valid[..., None].to(x.dtype)  # [B, N, D]
+        return x + self.conv(x.transpose(1, 2)).transpose(1, 2)  # [B, N, D]
+
+
 class TextEncoder(nn.Module):
     """forward(input_ids [B, N] int64, attention_mask [B, N] int64 1=real) -> logits [B, C] float32."""
 
@@ -60,6 +79,7 @@ class TextEncoder(nn.Module):
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.dim, padding_idx=0)
         self.ngrams = NgramEmbedding(cfg.ngram_buckets, cfg.ngram_orders, cfg.dim) if cfg.ngram_buckets else None
+        self.pos_conv = ConvPositions(cfg.dim, cfg.conv_kernel) if cfg.positions == "conv" else None
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(
             Block(cfg.dim, cfg.heads, cfg.mlp_ratio, cfg.attention, i, dropout=cfg.dropout, seed=seed)
@@ -75,11 +95,15 @@ class TextEncoder(nn.Module):
     def forward_features(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         valid = attention_mask > 0  # [B, N]
         ids = input_ids * valid.long()  # pad positions read id 0 whatever they hold
-        # Positions count real tokens only, so left or right padding leaves them unchanged.
-        pos = (valid.long().cumsum(-1) - 1).clamp_min(0)  # [B, N]
-        x = self.embed(ids) + sinusoidal(pos, self.cfg.dim) * 0.1  # [B, N, D]
+        x = self.embed(ids)  # [B, N, D]
         if self.ngrams is not None:
             x = x + self.ngrams(ids)
+        if self.pos_conv is not None:
+            x = self.pos_conv(x, valid)
+        else:
+            # Positions count real tokens only, so left or right padding leaves them unchanged.
+            pos = (valid.long().cumsum(-1) - 1).clamp_min(0)  # [B, N]
+            x = x + sinusoidal(pos, self.cfg.dim) * 0.1
         x = self.drop(x)
         pad = ~valid
         for blk in self.blocks:

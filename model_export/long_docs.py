@@ -1,0 +1,173 @@
+"""Long-document data: mixed-length training windows, same-label composites, accuracy vs length.
+
+A model that only ever sees documents of one length learns that length. Training here draws, per example,
+a target length (log-uniform) and either a random window of one document or a window of a *composite*:
+same-label documents joined end to end. Batches are packed to a token budget (padded length x count), so a
+batch holds many short windows or a few long ones at about the same cost.
+
+Composites for evaluation are seeded and defined here once (`make_composites`): the README's accuracy-vs-
+length table, the benchmark and the regression test all build the same documents.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from model_export import data
+
+SEPARATOR = b"\n\n"
+COMPOSITE_SEED = 2022
+
+
+def make_composites(
+    texts: Sequence[str], labels: Sequence[int], length: int, per_class: int, seed: int = COMPOSITE_SEED
+) -> list[tuple[bytes, int]]:
+    """`per_class` documents of exactly `length` bytes per label: shuffled same-label texts joined by a blank
+    line, cut at `length`. Seeded by (seed, length, label), so adding a length does not change the others."""
+    by_label: dict[int, list[bytes]] = {}
+    for t, y in zip(texts, labels, strict=True):
+        by_label.setdefault(int(y), []).append(t.encode("utf-8"))
+    out = []
+    for y in sorted(by_label):
+        pool = by_label[y]
+        rng = random.Random(f"{seed}:{length}:{y}")
+        for _ in range(per_class):
+            order = rng.sample(range(len(pool)), len(pool))
+            parts, size, i = [], 0, 0
+            while size < length:
+                doc = pool[order[i % len(order)]]
+                parts.append(doc)
+                size += len(doc) + len(SEPARATOR)
+                i += 1
+            out.append((SEPARATOR.join(parts)[:length], y))
+    return out
+
+
+def to_ids(raw: bytes) -> list[int]:
+    """Bytes -> byte ids (+1; 0 is pad), the server's preprocessing."""
+    return [b + 1 for b in raw]
+
+
+@dataclass
+class LengthMixTask:
+    """Training on mixed lengths; evaluation on whole documents (up to eval_length).
+
+    min_length..max_length: log-uniform window length; composite_prob: chance that an example is a window
+    of a same-label composite of length composite_min..composite_max; tokens_per_batch: the batch budget.
+    """
+
+    docs: list[bytes]
+    labels: Tensor
+    eval_length: int
+    min_length: int = 256
+    max_length: int = 8192
+    composite_prob: float = 0.0
+    composite_min: int = 4096
+    composite_max: int = 16384
+    tokens_per_batch: int = 24576
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def _example(self, rng: random.Random, by_label: dict[int, list[int]]) -> tuple[bytes, int]:
+        i = rng.randrange(len(self.docs))
+        y = int(self.labels[i])
+        if rng.random() < self.composite_prob:
+            length = int(math.exp(rng.uniform(math.log(self.composite_min), math.log(self.composite_max))))
+            parts, size = [], 0
+            while size < length + length // 2:  # enough for a window that does not always start at a doc
+                doc = self.docs[rng.choice(by_label[y])] if parts else self.docs[i]
+                parts.append(doc)
+                size += len(doc) + len(SEPARATOR)
+            raw = SEPARATOR.join(parts)
+        else:
+            length = int(math.exp(rng.uniform(math.log(self.min_length), math.log(self.max_length))))
+            raw = self.docs[i]
+        if len(raw) > length:
+            start = rng.randrange(len(raw) - length + 1)
+            raw = raw[start : start + length]
+        return raw, y
+
+    def _plan(self, seed: int) -> list[list[tuple[bytes, int]]]:
+        """One epoch (len(self) examples) packed into token-budget batches, in a seeded random order."""
+        rng = random.Random(seed)
+        by_label: dict[int, list[int]] = {}
+        for j, y in enumerate(self.labels.tolist()):
+            by_label.setdefault(y, []).append(j)
+        examples = sorted((self._example(rng, by_label) for _ in range(len(self))), key=lambda e: len(e[0]))
+        batches: list[list[tuple[bytes, int]]] = [[]]
+        for ex in examples:  # ascending length: the newest member is the longest, so cost = len x count
+            if batches[-1] and len(ex[0]) * (len(batches[-1]) + 1) > self.tokens_per_batch:
+                batches.append([])
+            batches[-1].append(ex)
+        rng.shuffle(batches)
+        return batches
+
+    def train_batches(self, batch_size: int, g: torch.Generator) -> Iterator[tuple[dict[str, Tensor], Tensor]]:
+        del batch_size  # the token budget decides the batch size
+        for batch in self._plan(int(torch.randint(0, 2**31 - 1, (1,), generator=g))):
+            ids, mask = data.pad_batch([to_ids(raw) for raw, _ in batch])
+            yield {"input_ids": ids, "attention_mask": mask}, torch.tensor([y for _, y in batch])
+
+    def steps_per_epoch(self, batch_size: int) -> int:
+        del batch_size
+        return len(self._plan(0))
+
+    def eval_batches(self, batch_size: int) -> Iterator[tuple[dict[str, Tensor], Tensor]]:
+        yield from length_batches([d[: self.eval_length] for d in self.docs], self.labels.tolist(), batch_size)
+
+
+def length_batches(
+    raws: Sequence[bytes], labels: Sequence[int], batch_size: int, tokens_per_batch: int = 65536
+) -> Iterator[tuple[dict[str, Tensor], Tensor]]:
+    """Evaluation batches sorted by length (little padding), at most batch_size items or the token budget."""
+    order = sorted(range(len(raws)), key=lambda i: len(raws[i]))
+    batch: list[int] = []
+    for i in order:
+        if batch and (len(batch) >= batch_size or len(raws[i]) * (len(batch) + 1) > tokens_per_batch):
+            yield _collate(raws, labels, batch)
+            batch = []
+        batch.append(i)
+    if batch:
+        yield _collate(raws, labels, batch)
+
+
+def _collate(raws: Sequence[bytes], labels: Sequence[int], idx: list[int]) -> tuple[dict[str, Tensor], Tensor]:
+    ids, mask = data.pad_batch([to_ids(raws[i]) for i in idx])
+    return {"input_ids": ids, "attention_mask": mask}, torch.tensor([labels[i] for i in idx])
+
+
+@torch.inference_mode()
+def accuracy_on(model: torch.nn.Module, raws: Sequence[bytes], labels: Sequence[int], batch_size: int = 16) -> float:
+    """Accuracy of `model` (eval mode) on raw byte documents, batched by length."""
+    was_training = model.training
+    model.eval()
+    correct = 0
+    for inputs, y in length_batches(raws, labels, batch_size):
+        correct += int((model(**inputs).argmax(-1) == y).sum())
+    model.train(was_training)
+    return correct / max(len(raws), 1)
+
+
+def length_report(
+    model: torch.nn.Module,
+    texts: Sequence[str],
+    labels: Sequence[int],
+    truncations: Sequence[int],
+    composite_lengths: Sequence[int] = (),
+    per_class: int = 2,
+) -> dict[str, float]:
+    """{"first_<n>": acc of the first n bytes, "full": whole docs, "composite_<n>": acc on composites}."""
+    raws = [t.encode("utf-8") for t in texts]
+    out = {f"first_{n}": accuracy_on(model, [r[:n] for r in raws], labels) for n in truncations}
+    out["full"] = accuracy_on(model, raws, labels)
+    for n in composite_lengths:
+        comp = make_composites(texts, labels, n, per_class)
+        out[f"composite_{n}"] = accuracy_on(model, [c for c, _ in comp], [y for _, y in comp], batch_size=4)
+    return out
