@@ -20,14 +20,13 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from clients.loadtest import make_doc, run  # noqa: E402
+from clients.loadtest import LoadPoint, SweepPlan, Target, make_doc, run_sweep, synthetic_text  # noqa: E402
 from server.backends import create_backend  # noqa: E402
 from server.preprocess import collate, text_item  # noqa: E402
 from server.repository import read_config  # noqa: E402
@@ -61,8 +60,10 @@ def backend_time_ms(repo: Path, model: str, doc_bytes: int, repeats: int = 30) -
 
 
 def load(url: str, model: str, concurrency: int, doc_bytes: int, requests: int, seconds: float) -> dict[str, Any]:
-    (cell,) = asyncio.run(run(url, model, [concurrency], [doc_bytes], requests, seconds))
-    return asdict(cell)
+    plan = SweepPlan(targets=[Target(url, model, "text", model)], groups=[synthetic_text(doc_bytes)],
+                     points=[LoadPoint.closed(concurrency)], requests=requests, seconds=seconds, warmup=8)  # fmt: skip
+    (cell,) = asyncio.run(run_sweep(plan))
+    return cell.to_dict()
 
 
 def main() -> int:

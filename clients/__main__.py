@@ -1,4 +1,4 @@
-"""`python -m clients predict --model NAME FILE...` (also: `models`, `health`)."""
+"""`python -m clients predict --model NAME FILE...` (also: `models`, `health`, `loadtest`)."""
 
 from __future__ import annotations
 
@@ -27,11 +27,23 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("files", nargs="+", type=Path)
     sub.add_parser("models", help="list served models")
     sub.add_parser("health", help="liveness and readiness")
+    # Its own flags are parsed by clients.loadtest (see `python -m clients loadtest --help`).
+    sub.add_parser("loadtest", help="latency and throughput vs input length and load", add_help=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "loadtest":
+        from clients.loadtest import main as loadtest_main
+
+        # `python -m clients --url U loadtest ...` passes the global --url/--api-key on.
+        given = ["--url", args.url] if args.url and "--url" not in rest else []
+        key = ["--api-key", args.api_key] if args.api_key and "--api-key" not in rest else []
+        return loadtest_main([*given, *key, *rest])
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     with LaraClient(args.url, api_key=args.api_key) as client:
         try:
             if args.command == "models":

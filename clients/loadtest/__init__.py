@@ -1,0 +1,31 @@
+"""Load tester: latency and throughput vs input length and load, for one or several models.
+
+`python -m clients loadtest --model NAME --lengths 1K,4K,16K --concurrency 1,8 --out DIR` (see cli.py).
+The parts: inputs (what is sent), protocol (how, per route), schedule (closed/open loop arrivals),
+runner (one cell), sweep (all cells), report (statistics), writers (JSON, CSV, table), charts (PNG).
+"""
+
+from clients.loadtest.cli import check_loopback, main
+from clients.loadtest.inputs import InputError, InputGroup, Payload, builtin, from_paths, make_doc, synthetic_text
+from clients.loadtest.report import Cell, Report, Target
+from clients.loadtest.schedule import LoadPoint, arrival_offsets
+from clients.loadtest.sweep import SweepPlan, run_sweep
+
+__all__ = [
+    "Cell",
+    "InputError",
+    "InputGroup",
+    "LoadPoint",
+    "Payload",
+    "Report",
+    "SweepPlan",
+    "Target",
+    "arrival_offsets",
+    "builtin",
+    "check_loopback",
+    "from_paths",
+    "main",
+    "make_doc",
+    "run_sweep",
+    "synthetic_text",
+]

@@ -1,0 +1,164 @@
+"""Run one cell: send prepared requests under a load point, bounded by a request count and seconds."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import httpx
+
+from clients.loadtest.protocol import PreparedRequest
+from clients.loadtest.schedule import LoadPoint, arrival_offsets
+
+# Response headers the server sets on every answered inference (server/routes/common.py, server/app.py).
+SERVER_HEADERS = {
+    "queue_ms": "x-queue-time-ms",
+    "inference_ms": "x-inference-time-ms",
+    "total_ms": "x-total-time-ms",
+    "batch_size": "x-batch-size",
+}
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One request. Times are seconds on the cell's clock (time.perf_counter() - cell start)."""
+
+    scheduled: float  # when it should have gone (open loop) or went (closed loop)
+    sent: float
+    done: float
+    status: str  # "200", "413", or a transport error: "connect-error", "timeout", ...
+    server: dict[str, float]  # SERVER_HEADERS present on the answer, as numbers
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "200"
+
+    @property
+    def latency_ms(self) -> float:
+        return (self.done - self.scheduled) * 1000.0
+
+    @property
+    def send_lag_ms(self) -> float:
+        return (self.sent - self.scheduled) * 1000.0
+
+
+@dataclass(frozen=True)
+class CellRun:
+    samples: list[Sample]
+    duration_s: float  # start to last answer
+    stopped_by: str  # "requests" or "seconds"
+
+
+def _transport_error(exc: httpx.HTTPError) -> str:
+    if isinstance(exc, httpx.TimeoutException):
+        return "timeout"
+    if isinstance(exc, httpx.ConnectError):
+        return "connect-error"
+    if isinstance(exc, httpx.RemoteProtocolError):
+        return "disconnected"
+    return type(exc).__name__
+
+
+def _server_values(headers: httpx.Headers) -> dict[str, float]:
+    values: dict[str, float] = {}
+    for key, header in SERVER_HEADERS.items():
+        raw = headers.get(header)
+        if raw is None:
+            continue
+        try:
+            values[key] = float(raw)
+        except ValueError:  # another server's header of the same name: ignore, do not crash the run
+            continue
+    return values
+
+
+async def send(client: httpx.AsyncClient, request: PreparedRequest, start: float, scheduled: float) -> Sample:
+    sent = time.perf_counter() - start
+    try:
+        response = await client.post(request.path, content=request.content, headers=request.headers,
+                                     params=request.params)  # fmt: skip
+        await response.aread()
+        status, server = str(response.status_code), _server_values(response.headers)
+    except httpx.HTTPError as exc:
+        status, server = _transport_error(exc), {}
+    return Sample(scheduled, sent, time.perf_counter() - start, status, server)
+
+
+async def run_closed(
+    client: httpx.AsyncClient,
+    requests: Sequence[PreparedRequest],
+    concurrency: int,
+    max_requests: int,
+    max_seconds: float,
+    on_done: Callable[[Sample], None] = lambda s: None,
+) -> CellRun:
+    samples: list[Sample] = []
+    issued = 0
+    start = time.perf_counter()
+
+    async def worker() -> None:
+        nonlocal issued
+        while issued < max_requests and time.perf_counter() - start < max_seconds:
+            request = requests[issued % len(requests)]
+            issued += 1
+            sample = await send(client, request, start, time.perf_counter() - start)
+            samples.append(sample)
+            on_done(sample)
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    duration = time.perf_counter() - start
+    return CellRun(samples, duration, "requests" if issued >= max_requests else "seconds")
+
+
+async def run_open(
+    client: httpx.AsyncClient,
+    requests: Sequence[PreparedRequest],
+    point: LoadPoint,
+    max_requests: int,
+    max_seconds: float,
+    seed: int = 0,
+    on_done: Callable[[Sample], None] = lambda s: None,
+) -> CellRun:
+    assert point.rate is not None
+    offsets = arrival_offsets(point.rate, point.arrival, max_requests, max_seconds, seed)
+    gate = asyncio.Semaphore(point.max_in_flight) if point.max_in_flight else None
+    samples: list[Sample] = []
+    tasks: list[asyncio.Task[None]] = []
+    start = time.perf_counter()
+
+    async def fire(request: PreparedRequest, scheduled: float) -> None:
+        try:
+            sample = await send(client, request, start, scheduled)
+        finally:
+            if gate is not None:
+                gate.release()
+        samples.append(sample)
+        on_done(sample)
+
+    for i, offset in enumerate(offsets):
+        delay = offset - (time.perf_counter() - start)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if gate is not None:
+            await gate.acquire()  # waiting here is client-side queueing: it is counted from `offset`
+        tasks.append(asyncio.create_task(fire(requests[i % len(requests)], offset)))
+    await asyncio.gather(*tasks)
+    duration = time.perf_counter() - start
+    return CellRun(samples, duration, "requests" if len(offsets) >= max_requests else "seconds")
+
+
+async def run_cell(
+    client: httpx.AsyncClient,
+    requests: Sequence[PreparedRequest],
+    point: LoadPoint,
+    max_requests: int,
+    max_seconds: float,
+    seed: int = 0,
+    on_done: Callable[[Sample], None] = lambda s: None,
+) -> CellRun:
+    if point.mode == "closed":
+        assert point.concurrency is not None
+        return await run_closed(client, requests, point.concurrency, max_requests, max_seconds, on_done)
+    return await run_open(client, requests, point, max_requests, max_seconds, seed, on_done)

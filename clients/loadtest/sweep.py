@@ -1,0 +1,167 @@
+"""A sweep: every target x route x input group x load point, warmed up, bounded, with live progress.
+
+Order: for each target and route, input groups in the given order, each at every load point. A group
+the server refuses as too large (413 during warm-up) is skipped with the server's reason; with
+`max_p50_ms`, once a (target, route, load) cell is slower than that at some length, longer inputs are
+skipped for it (how exact attention is kept from running for hours at 64 KB).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+from tqdm import tqdm
+
+from clients.loadtest.inputs import InputError, InputGroup
+from clients.loadtest.protocol import PreparedRequest, Route, prepare, unsupported_reason
+from clients.loadtest.report import Cell, Target, skipped_cell, summarize
+from clients.loadtest.runner import Sample, run_cell
+from clients.loadtest.schedule import LoadPoint
+
+MAX_REQUESTS_PER_CELL = 100_000
+MAX_SECONDS_PER_CELL = 600.0
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    targets: list[Target]
+    groups: list[InputGroup]
+    points: list[LoadPoint]
+    routes: list[Route] = field(default_factory=lambda: ["predict"])
+    requests: int = 200  # per cell, at most
+    seconds: float = 10.0  # per cell, at most (requests in flight at the end are awaited)
+    timeout_s: float = 60.0  # per request
+    api_key: str | None = None
+    truncate: bool = False
+    warmup: int = 2  # unrecorded requests per (target, route, input) before its cells
+    max_p50_ms: float | None = None
+    seed: int = 0
+    progress: bool | None = None  # live progress bars; None: only when stderr is a terminal
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.requests <= MAX_REQUESTS_PER_CELL:
+            raise ValueError(f"requests per cell must be in 1..{MAX_REQUESTS_PER_CELL}, got {self.requests}")
+        if not 0 < self.seconds <= MAX_SECONDS_PER_CELL:
+            raise ValueError(f"seconds per cell must be in (0, {MAX_SECONDS_PER_CELL}], got {self.seconds}")
+
+
+def check_plan(plan: SweepPlan) -> None:
+    """Refuse, before any request, inputs a model cannot take (texts to an image model, and so on)."""
+    problems = []
+    for target in plan.targets:
+        for group in plan.groups:
+            if group.kind != target.task:
+                hint = (
+                    "--lengths, text files or --set bbc/brown" if target.task == "text" else "images or --set fashion"
+                )
+                problems.append(f"model {target.model!r} at {target.url} is a {target.task} model but input "
+                                f"{group.name!r} is {group.kind}; give it {hint}")  # fmt: skip
+            for route in plan.routes:
+                reason = unsupported_reason(route, group.kind)
+                if reason:
+                    problems.append(f"route {route!r} with input {group.name!r}: {reason}")
+    if problems:
+        raise InputError("; ".join(dict.fromkeys(problems)))
+
+
+async def _warm_up(client: httpx.AsyncClient, requests: list[PreparedRequest], n: int) -> str | None:
+    """Send n requests one by one; a 413 means the input is larger than the model takes: skip reason."""
+    for request in (requests[i % len(requests)] for i in range(n)):
+        try:
+            response = await client.post(request.path, content=request.content, headers=request.headers,
+                                         params=request.params)  # fmt: skip
+        except httpx.HTTPError:
+            return None  # the cells will count it
+        if response.status_code == 413:
+            try:
+                message = response.json().get("error", response.text)
+            except ValueError:
+                message = response.text
+            return f"server answered 413: {message}"
+    return None
+
+
+def _progress(plan: SweepPlan) -> bool:
+    return sys.stderr.isatty() if plan.progress is None else plan.progress
+
+
+async def run_sweep(plan: SweepPlan, log: Callable[[str], None] | None = None) -> list[Cell]:
+    check_plan(plan)
+    log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    headers = {"Authorization": f"Bearer {plan.api_key}"} if plan.api_key else {}
+    widest = max(
+        [p.concurrency or p.max_in_flight or 256 for p in plan.points]  # an uncapped open loop: generous pool
+    )
+    limits = httpx.Limits(max_connections=widest + 4, max_keepalive_connections=widest + 4)
+    # pool=None: waiting for a connection is client queueing, counted in latency, not an error.
+    timeout = httpx.Timeout(plan.timeout_s, pool=None)
+    clients = {
+        url: httpx.AsyncClient(base_url=url, headers=headers, timeout=timeout, limits=limits)
+        for url in dict.fromkeys(t.url for t in plan.targets)
+    }
+    cells: list[Cell] = []
+    total = len(plan.targets) * len(plan.routes) * len(plan.groups) * len(plan.points)
+    try:
+        for target in plan.targets:
+            client = clients[target.url]
+            for route in plan.routes:
+                slow: dict[LoadPoint, tuple[float, str]] = {}  # load -> (input bytes, why) once over max_p50_ms
+                for group in plan.groups:
+                    requests = [prepare(route, target.model, p, plan.truncate) for p in group.payloads]
+                    too_large = await _warm_up(client, requests, plan.warmup)
+                    for point in plan.points:
+                        hit = slow.get(point)
+                        if too_large or (hit and group.mean_bytes > hit[0]):
+                            reason = too_large or hit[1]  # type: ignore[index]
+                            cells.append(skipped_cell(target, route, group, point, reason))
+                        else:
+                            cells.append(await _one_cell(plan, client, target, route, group, point, requests))
+                        cell = cells[-1]
+                        log(f"[{len(cells)}/{total}] " + _summary_line(cell))
+                        if plan.max_p50_ms and not cell.skipped and point not in slow and _too_slow(cell, plan):
+                            slow[point] = (group.mean_bytes, f"p50 {cell.p50_ms} ms at {cell.input} exceeded "
+                                           f"the limit of {plan.max_p50_ms:g} ms")  # fmt: skip
+    finally:
+        for client in clients.values():
+            await client.aclose()
+    return cells
+
+
+def _too_slow(cell: Cell, plan: SweepPlan) -> bool:
+    assert plan.max_p50_ms is not None
+    return cell.p50_ms is None or cell.p50_ms > plan.max_p50_ms
+
+
+async def _one_cell(
+    plan: SweepPlan,
+    client: httpx.AsyncClient,
+    target: Target,
+    route: Route,
+    group: InputGroup,
+    point: LoadPoint,
+    requests: list[PreparedRequest],
+) -> Cell:
+    desc = f"{target.label} {route} {group.name} {point.label}"
+    with tqdm(total=plan.requests, desc=desc, unit="req", leave=False, disable=not _progress(plan)) as bar:
+        errors = 0
+
+        def on_done(sample: Sample) -> None:
+            nonlocal errors
+            errors += not sample.ok
+            bar.update(1)
+            if errors:
+                bar.set_postfix(errors=errors, refresh=False)
+
+        run = await run_cell(client, requests, point, plan.requests, plan.seconds, plan.seed, on_done)
+    return summarize(target, route, group, point, run)
+
+
+def _summary_line(cell: Cell) -> str:
+    where = f"{cell.target} {cell.route} {cell.input} {cell.load}"
+    if cell.skipped:
+        return f"{where}: skipped ({cell.skipped})"
+    return (f"{where}: {cell.requests} requests, {cell.errors} errors, {cell.throughput_rps} req/s, "
+            f"p50 {cell.p50_ms} ms, p99 {cell.p99_ms} ms")  # fmt: skip
