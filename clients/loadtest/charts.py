@@ -59,7 +59,7 @@ def _plot(
             ax.fill_between(xs, lo, hi, color=colours[target], alpha=0.15, linewidth=0)  # type: ignore[arg-type]
 
 
-def _bytes_label(value: float, _pos: int) -> str:
+def format_bytes(value: float, _pos: int | None = None) -> str:
     return f"{value / 1024:g} KB" if value >= 1024 else f"{value:g} B"
 
 
@@ -79,7 +79,7 @@ def _vs(cells: list[Cell], out: Path, stem: str, x: Callable[[Cell], float], gro
         _plot(ax, cells, x, group, metric, band)
         ax.set_xscale("log", base=2)
         if stem == "length":
-            ax.xaxis.set_major_formatter(FuncFormatter(_bytes_label))
+            ax.xaxis.set_major_formatter(FuncFormatter(format_bytes))
         else:
             ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:g}"))
         if metric == "p50_ms":

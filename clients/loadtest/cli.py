@@ -22,7 +22,16 @@ from urllib.parse import urlparse
 import httpx
 
 from clients.loadtest.charts import write_charts
-from clients.loadtest.inputs import InputError, InputGroup, builtin, from_paths, synthetic_images, synthetic_text
+from clients.loadtest.inputs import (
+    BUILTIN_KINDS,
+    InputError,
+    InputGroup,
+    builtin,
+    from_paths,
+    kind_hint,
+    synthetic_images,
+    synthetic_text,
+)
 from clients.loadtest.protocol import ROUTES
 from clients.loadtest.report import Report, Target
 from clients.loadtest.schedule import LoadPoint
@@ -116,6 +125,12 @@ def _points(args: argparse.Namespace) -> list[LoadPoint]:
 
 
 def _groups(args: argparse.Namespace, first_task: str, notes: list[str]) -> list[InputGroup]:
+    wrong = [name for name in args.set if BUILTIN_KINDS[name] != first_task]
+    if wrong or (args.lengths and first_task != "text"):
+        # Refused before loading a corpus: the user learns at once, not after 10,000 images are read.
+        given = f"--set {wrong[0]} ({BUILTIN_KINDS[wrong[0]]})" if wrong else "--lengths (synthetic text)"
+        raise InputError(f"model {args.model[0]!r} is a {first_task} model but the input {given} is not; "
+                         f"give it {kind_hint(first_task)}")  # fmt: skip
     groups = [synthetic_text(n) for n in args.lengths or []]
     if args.files:
         groups.append(from_paths(args.files))

@@ -170,6 +170,12 @@ def _fashion() -> InputGroup:
 
 
 BUILTIN_SETS: dict[str, Callable[[], InputGroup]] = {"bbc": _bbc, "brown": _brown, "fashion": _fashion}
+BUILTIN_KINDS: dict[str, InputKind] = {"bbc": "text", "brown": "text", "fashion": "image"}  # known before loading
+
+
+def kind_hint(task: str) -> str:
+    """What to give a model of this task instead."""
+    return "--lengths, text files or --set bbc/brown" if task == "text" else "image files or --set fashion"
 
 
 def builtin(name: str) -> InputGroup:

@@ -2,8 +2,9 @@
 
 Order: for each target and route, input groups in the given order, each at every load point. A group
 the server refuses as too large (413 during warm-up) is skipped with the server's reason; with
-`max_p50_ms`, once a (target, route, load) cell is slower than that at some length, longer inputs are
-skipped for it (how exact attention is kept from running for hours at 64 KB).
+`max_p50_ms`, once a (target, route) cell is slower than that, longer inputs at that load and heavier
+loads at that length or longer are skipped for it (how exact attention is kept from running for hours
+at 64 KB).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 import httpx
 from tqdm import tqdm
 
-from clients.loadtest.inputs import InputError, InputGroup
+from clients.loadtest.inputs import InputError, InputGroup, kind_hint
 from clients.loadtest.protocol import PreparedRequest, Route, prepare, unsupported_reason
 from clients.loadtest.report import Cell, Target, skipped_cell, summarize
 from clients.loadtest.runner import Sample, run_cell
@@ -54,11 +55,8 @@ def check_plan(plan: SweepPlan) -> None:
     for target in plan.targets:
         for group in plan.groups:
             if group.kind != target.task:
-                hint = (
-                    "--lengths, text files or --set bbc/brown" if target.task == "text" else "images or --set fashion"
-                )
                 problems.append(f"model {target.model!r} at {target.url} is a {target.task} model but input "
-                                f"{group.name!r} is {group.kind}; give it {hint}")  # fmt: skip
+                                f"{group.name!r} is {group.kind}; give it {kind_hint(target.task)}")  # fmt: skip
             for route in plan.routes:
                 reason = unsupported_reason(route, group.kind)
                 if reason:
@@ -104,35 +102,55 @@ async def run_sweep(plan: SweepPlan, log: Callable[[str], None] | None = None) -
     }
     cells: list[Cell] = []
     total = len(plan.targets) * len(plan.routes) * len(plan.groups) * len(plan.points)
+
+    def record(cell: Cell) -> None:
+        cells.append(cell)
+        log(f"[{len(cells)}/{total}] " + _summary_line(cell))
+
     try:
         for target in plan.targets:
-            client = clients[target.url]
             for route in plan.routes:
-                slow: dict[LoadPoint, tuple[float, str]] = {}  # load -> (input bytes, why) once over max_p50_ms
-                for group in plan.groups:
-                    requests = [prepare(route, target.model, p, plan.truncate) for p in group.payloads]
-                    too_large = await _warm_up(client, requests, plan.warmup)
-                    for point in plan.points:
-                        hit = slow.get(point)
-                        if too_large or (hit and group.mean_bytes > hit[0]):
-                            reason = too_large or hit[1]  # type: ignore[index]
-                            cells.append(skipped_cell(target, route, group, point, reason))
-                        else:
-                            cells.append(await _one_cell(plan, client, target, route, group, point, requests))
-                        cell = cells[-1]
-                        log(f"[{len(cells)}/{total}] " + _summary_line(cell))
-                        if plan.max_p50_ms and not cell.skipped and point not in slow and _too_slow(cell, plan):
-                            slow[point] = (group.mean_bytes, f"p50 {cell.p50_ms} ms at {cell.input} exceeded "
-                                           f"the limit of {plan.max_p50_ms:g} ms")  # fmt: skip
+                await _sweep_route(plan, clients[target.url], target, route, record)
     finally:
         for client in clients.values():
             await client.aclose()
     return cells
 
 
-def _too_slow(cell: Cell, plan: SweepPlan) -> bool:
-    assert plan.max_p50_ms is not None
-    return cell.p50_ms is None or cell.p50_ms > plan.max_p50_ms
+@dataclass(frozen=True)
+class _TooSlow:
+    input_bytes: float
+    point: LoadPoint
+    reason: str
+
+
+def _slow_reason(slow: list[_TooSlow], group: InputGroup, point: LoadPoint) -> str | None:
+    """A cell over max_p50_ms rules out longer inputs at its load, and heavier loads at its length or longer."""
+    for hit in slow:
+        if hit.point.mode == point.mode and point.x >= hit.point.x and group.mean_bytes >= hit.input_bytes:
+            return hit.reason
+    return None
+
+
+async def _sweep_route(
+    plan: SweepPlan, client: httpx.AsyncClient, target: Target, route: Route, record: Callable[[Cell], None]
+) -> None:
+    slow: list[_TooSlow] = []
+    for group in plan.groups:
+        requests = [prepare(route, target.model, p, plan.truncate) for p in group.payloads]
+        too_large = None
+        if any(_slow_reason(slow, group, point) is None for point in plan.points):  # no warm-up for nothing
+            too_large = await _warm_up(client, requests, plan.warmup)
+        for point in plan.points:
+            reason = too_large or _slow_reason(slow, group, point)
+            if reason:
+                record(skipped_cell(target, route, group, point, reason))
+                continue
+            cell = await _one_cell(plan, client, target, route, group, point, requests)
+            record(cell)
+            if plan.max_p50_ms is not None and (cell.p50_ms is None or cell.p50_ms > plan.max_p50_ms):
+                why = f"p50 {cell.p50_ms} ms at {cell.input} {cell.load} exceeded the limit of {plan.max_p50_ms:g} ms"
+                slow.append(_TooSlow(group.mean_bytes, point, why))
 
 
 async def _one_cell(

@@ -184,3 +184,13 @@ def test_loopback_only_unless_allowed(capsys: pytest.CaptureFixture[str]) -> Non
     assert main(["--url", "http://10.0.0.1:8000", "--model", "m"]) == 2
     assert "--allow-remote" in capsys.readouterr().err
     assert len(make_doc(2048, 0).encode()) == 2048 and make_doc(100, 1) == make_doc(100, 1)
+
+
+def test_time_limit_skips_longer_inputs_and_heavier_loads(url: str, tmp_path: Path) -> None:
+    # A limit no request can meet: only the first (shortest, lightest) cell runs; the rest say why.
+    assert run(url, "--model", "tiny-text", "--lengths", "16,64", "--concurrency", "1,2", "--max-p50-ms", "0.001",
+               "--out", str(tmp_path)) == 0  # fmt: skip
+    cells = strict_json(tmp_path / "report.json")["cells"]
+    assert [(c["input"], c["load"], c["skipped"] is None) for c in cells] == [
+        ("16 B", "c=1", True), ("16 B", "c=2", False), ("64 B", "c=1", False), ("64 B", "c=2", False)]  # fmt: skip
+    assert all("exceeded the limit" in c["skipped"] for c in cells[1:])

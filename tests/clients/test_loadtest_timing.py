@@ -55,9 +55,9 @@ def test_open_loop_counts_latency_from_the_schedule() -> None:
     assert all(s.sent >= s.scheduled - 1e-3 and s.done > s.sent for s in samples)
     for s in samples:
         assert s.latency_ms == pytest.approx((s.done - s.scheduled) * 1000)
-    # Service time alone is ~30 ms; the last request also waited ~11 * 20 ms for its turn.
-    assert samples[0].latency_ms < 100
-    assert samples[-1].latency_ms > SERVICE_S * 1000 + 150
+    # Service time alone is ~30 ms; the last request also waited ~11 * 20 ms for its turn (a busy
+    # machine only adds to both, so these hold under load too).
+    assert samples[-1].latency_ms > samples[0].latency_ms + 150
     assert samples[-1].send_lag_ms > 150
     assert all(s.server["batch_size"] == 1 for s in samples)
 
@@ -70,9 +70,9 @@ def test_open_loop_without_cap_keeps_the_rate() -> None:
             return (await run_open(client, REQUEST, LoadPoint.open(100.0, "constant"), 20, 5.0)).samples
 
     samples = asyncio.run(go())
-    lags = [s.send_lag_ms for s in samples]
-    assert percentile(lags, 50) is not None and percentile(lags, 50) < 15  # type: ignore[operator]
-    assert max(s.latency_ms for s in samples) < SERVICE_S * 1000 + 60
+    # With one request in flight the 20th would go ~19 * 20 ms = 380 ms late; here none waits for another.
+    assert max(s.send_lag_ms for s in samples) < 200
+    assert percentile([s.latency_ms for s in samples], 50) < SERVICE_S * 1000 + 100  # type: ignore[operator]
 
 
 def test_closed_loop_bounds() -> None:
