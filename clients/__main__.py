@@ -1,31 +1,57 @@
-"""`python -m clients predict --model NAME FILE...` (also: `models`, `health`, `loadtest`)."""
+"""`lara predict --model NAME FILE...` (or `python -m clients ...`; also: `models`, `info`, `health`, `loadtest`).
+
+Each file is its own request: one file that fails (too long, not an image, unreadable) gets its error on
+its own line and the others still get their labels; the exit status is 1 if any file failed.
+Human output by default (top-k with bars); `--json` prints one JSON object per file for scripts.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import mimetypes
 import os
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any, TextIO
 
 import httpx
 
-from clients.client import LaraClient, LaraError
+from clients.client import LaraClient, LaraError, Prediction
+
+TRUNCATE_SIDES = ("head", "tail", "head+tail")
+_BAR = 24  # characters of a score of 1.0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m clients", description="LARA Serve command-line client")
-    parser.add_argument("--url", default=os.environ.get("LARA_URL", "http://127.0.0.1:8000"))
+    parser = argparse.ArgumentParser(prog="lara", description="LARA Serve command-line client")
+    parser.add_argument("--url", default=os.environ.get("LARA_URL", "http://127.0.0.1:8000"), help="or env LARA_URL")
     parser.add_argument("--api-key", default=os.environ.get("LARA_API_KEY"), help="or env LARA_API_KEY")
     sub = parser.add_subparsers(dest="command", required=True)
-    predict = sub.add_parser("predict", help="classify files (texts for text models, images for image models)")
-    predict.add_argument("--model", required=True)
-    predict.add_argument("--truncate", action="store_true", help="cut texts longer than the model takes")
-    predict.add_argument("--top-k", type=int, default=None)
-    predict.add_argument("files", nargs="+", type=Path)
+    for name in ("predict", "classify"):
+        cmd = sub.add_parser(
+            name,
+            help="classify files (texts for text models, images for image models), one request per file"
+            + ("" if name == "predict" else " (same as predict)"),
+        )
+        cmd.add_argument("--model", required=True)
+        cmd.add_argument(
+            "--truncate",
+            nargs="?",
+            const="head",
+            default=None,
+            choices=TRUNCATE_SIDES,
+            help="texts longer than the model takes: keep the head (the default when given alone), the tail, "
+            "or half of each; without it they fail with 413",
+        )
+        cmd.add_argument("--top-k", type=int, default=3, help="labels to show per file (default 3)")
+        cmd.add_argument("--charset", default="utf-8", help="encoding of the text files (default utf-8)")
+        cmd.add_argument("--json", action="store_true", help="one JSON object per file instead of a table")
+        cmd.add_argument("files", nargs="+", type=Path)
     sub.add_parser("models", help="list served models")
+    sub.add_parser("info", help="server limits and model cards (GET /info)")
     sub.add_parser("health", help="liveness and readiness")
     # Its own flags are parsed by clients.loadtest (see `python -m clients loadtest --help`).
     sub.add_parser("loadtest", help="latency and throughput vs input length and load", add_help=False)
@@ -49,24 +75,80 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.command == "models":
                 for name in client.models():
                     print(name)
+            elif args.command == "info":
+                print(json.dumps(client.info(), indent=2))
             elif args.command == "health":
                 print(json.dumps({"live": client.is_live(), "ready": client.is_ready()}))
             else:
-                task = client.model_info(args.model)["task"]
-                # Text files go as text (UTF-8), images as bytes (base64 in the request).
-                instances: list[str | bytes] = [
-                    f.read_text(encoding="utf-8") if task == "text" else f.read_bytes() for f in args.files
-                ]
-                predictions = client.predict(args.model, instances, truncate=args.truncate, top_k=args.top_k)
-                for path, prediction in zip(args.files, predictions, strict=True):
-                    print(json.dumps({"file": str(path), **asdict(prediction)}))
+                return classify_files(client, args, sys.stdout)
         except LaraError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
-        except (OSError, UnicodeDecodeError, httpx.HTTPError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
+        except httpx.TransportError as exc:
+            print(f"error: {_transport_message(args.url, exc)}", file=sys.stderr)
             return 1
     return 0
+
+
+def _transport_message(url: str, exc: httpx.TransportError) -> str:
+    if isinstance(exc, httpx.ConnectError):
+        return f"cannot connect to {url} ({exc}); is the server running? (set --url or LARA_URL)"
+    if isinstance(exc, httpx.TimeoutException):
+        return f"{url} did not answer in time ({type(exc).__name__})"
+    return f"request to {url} failed: {exc}"
+
+
+def classify_files(client: LaraClient, args: argparse.Namespace, out: TextIO) -> int:
+    """One request per file; a failure is reported for that file and the others go on."""
+    task = client.model_info(args.model)["task"]  # unknown model or no server: fails once, for all files
+    failed = 0
+    for path in args.files:
+        try:
+            data = path.read_bytes()
+            if task == "text":
+                content_type = f"text/plain; charset={args.charset}"
+            else:
+                content_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+                if not content_type.startswith("image/"):
+                    content_type = "application/octet-stream"  # the server sniffs what it is
+            prediction = client.classify(args.model, data, content_type, truncate=args.truncate or False,
+                                         top_k=args.top_k)  # fmt: skip
+        except LaraError as exc:
+            failed += 1
+            hint = " (use --truncate to cut long texts)" if exc.status == 413 else ""
+            _report_error(out, path, f"HTTP {exc.status}: {exc.message}{hint}", exc.status, args.json)
+        except OSError as exc:
+            failed += 1
+            _report_error(out, path, f"cannot read: {exc.strerror or exc}", None, args.json)
+        except httpx.TransportError as exc:
+            failed += 1
+            _report_error(out, path, _transport_message(args.url, exc), None, args.json)
+        else:
+            _report(out, path, prediction, args.json)
+    return 1 if failed else 0
+
+
+def _report(out: TextIO, path: Path, prediction: Prediction, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"file": str(path), **asdict(prediction)}), file=out)
+        return
+    note = "  (truncated)" if prediction.truncated else ""
+    print(f"{path}: {prediction.label} {prediction.score:.3f}{note}", file=out)
+    width = max(len(t.label) for t in prediction.top_k)
+    for t in prediction.top_k:
+        bar = "#" * max(1, round(t.score * _BAR)) if t.score >= 0.005 else ""
+        print(f"  {t.label:<{width}}  {t.score:6.3f}  {bar}", file=out)
+
+
+def _report_error(out: TextIO, path: Path, message: str, status: int | None, as_json: bool) -> None:
+    """--json: an error object on stdout, in file order, so a script sees every file. Else a line on stderr."""
+    if as_json:
+        body: dict[str, Any] = {"file": str(path), "error": message}
+        if status is not None:
+            body["status"] = status
+        print(json.dumps(body), file=out)
+    else:
+        print(f"{path}: error: {message}", file=sys.stderr)
 
 
 if __name__ == "__main__":

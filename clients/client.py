@@ -34,10 +34,12 @@ class Prediction:
     label: str
     score: float
     top_k: list[LabelScore]
+    truncated: bool = False  # the text was longer than the model's max_length and was cut
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Prediction:
-        return cls(data["label"], data["score"], [LabelScore(t["label"], t["score"]) for t in data["top_k"]])
+        top = [LabelScore(t["label"], t["score"]) for t in data["top_k"]]
+        return cls(data["label"], data["score"], top, bool(data.get("truncated", False)))
 
 
 @dataclass(frozen=True)
@@ -96,13 +98,17 @@ class LaraClient:
     def model_info(self, model: str) -> dict[str, Any]:
         return dict(self._request("GET", f"/v1/models/{model}").json())
 
+    def info(self) -> dict[str, Any]:
+        """GET /info: the server's limits and one model card per served model."""
+        return dict(self._request("GET", "/info").json())
+
     def metadata(self, model: str) -> dict[str, Any]:
         return dict(self._request("GET", f"/v2/models/{model}").json())
 
     # -- v1 ------------------------------------------------------------------------------------------
 
     def predict(
-        self, model: str, instances: list[str | bytes], truncate: bool = False, top_k: int | None = None
+        self, model: str, instances: list[str | bytes], truncate: bool | str = False, top_k: int | None = None
     ) -> list[Prediction]:
         """Texts as str; images (or raw bytes) as bytes, sent as {"b64": ...}."""
         body = {
@@ -113,13 +119,22 @@ class LaraClient:
         return [Prediction.from_json(p) for p in data["predictions"]]
 
     def classify(
-        self, model: str, data: bytes | str, content_type: str | None = None, truncate: bool = False
+        self,
+        model: str,
+        data: bytes | str,
+        content_type: str | None = None,
+        truncate: bool | str = False,
+        top_k: int | None = None,
     ) -> Prediction:
-        """One raw text (text/plain) or image file (image/png, image/jpeg, ...)."""
+        """One text (str, or bytes with `text/plain; charset=...`) or image file (image/png, ...). Bytes
+        without a content type go as application/octet-stream: the server tells text and images apart.
+        truncate: False (413 if too long), True/"head", "tail" or "head+tail"."""
         if isinstance(data, str):
             data, content_type = data.encode(), content_type or "text/plain; charset=utf-8"
         headers = {"Content-Type": content_type or "application/octet-stream"}
-        params = {"truncate": "true"} if truncate else {}
+        params: dict[str, str | int] = {"truncate": _truncate_param(truncate)} if truncate else {}
+        if top_k:
+            params["top_k"] = top_k
         response = self._request("POST", f"/v1/models/{model}:classify", content=data, headers=headers,
                                  params=params)  # fmt: skip
         return Prediction.from_json(response.json())
@@ -139,6 +154,10 @@ class LaraClient:
             kwargs = {"json": {"inputs": [{**spec, "data": [i.decode() for i in items]}], "parameters": params}}
         response = self._request("POST", f"/v2/models/{model}/infer", **kwargs)
         return _decode_v2(response)
+
+
+def _truncate_param(truncate: bool | str) -> str:
+    return "head" if truncate is True else str(truncate)
 
 
 def _decode_v2(response: httpx.Response) -> V2Result:

@@ -56,12 +56,12 @@ def test_cli_predict(live_url: str, data_dir: Path) -> None:
     (data_dir / "b.txt").write_text("the striker scored twice")
     (data_dir / "c.png").write_bytes(png())
     base = [sys.executable, "-m", "clients", "--url", live_url, "--api-key", API_KEY, "predict"]
-    out = subprocess.run([*base, "--model", "tiny-text", str(data_dir / "a.txt"), str(data_dir / "b.txt")],
+    out = subprocess.run([*base, "--json", "--model", "tiny-text", str(data_dir / "a.txt"), str(data_dir / "b.txt")],
                          capture_output=True, text=True, timeout=60, check=True).stdout  # fmt: skip
     lines = [json.loads(line) for line in out.splitlines()]
     assert [Path(line["file"]).name for line in lines] == ["a.txt", "b.txt"]
     assert all(line["label"] in TEXT_LABELS for line in lines)
-    image = subprocess.run([*base, "--model", "tiny-image", str(data_dir / "c.png")],
+    image = subprocess.run([*base, "--json", "--model", "tiny-image", str(data_dir / "c.png")],
                            capture_output=True, text=True, timeout=60, check=True).stdout  # fmt: skip
     assert json.loads(image)["label"] in IMAGE_LABELS
     missing = subprocess.run([*base, "--model", "nope", str(data_dir / "a.txt")], capture_output=True, text=True,

@@ -1,0 +1,71 @@
+"""What a client should know about a served model before sending it anything: the model card.
+
+One place builds it, so v1 and v2 metadata, GET /info, Triton's model config and the /ui page all say the
+same thing: task, labels, which inputs it takes (media types, longest text), the attention it runs, and
+the accuracy measured when it was exported (config.json's `metrics`, written by model_export).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from server.models import RAW_INPUT, ServedModel
+from server.preprocess import TRUNCATION_SIDES
+from server.repository import ImagePreprocessing, TextPreprocessing
+
+IMAGE_TYPES = ("image/png", "image/jpeg", "image/webp", "image/bmp", "image/gif")
+TEXT_TYPES = ("text/plain",)
+# Besides its own media types, :classify takes a multipart upload and raw bytes whose kind is sniffed.
+ANY_TYPES = ("multipart/form-data", "application/octet-stream")
+
+# What each shipped kind of model was trained on, so a user knows what input gives a meaningful answer.
+_SUITS = {
+    "text": "English documents of a few hundred bytes or more, like the training corpus (see data); very short "
+    "texts (a headline, a sentence) are out of distribution and get unreliable labels",
+    "image": "one centred object on a plain dark background, greyscale, like the training set (see data); the "
+    "image is converted to greyscale and resized to {w}x{h}",
+}
+
+
+def media_types(model: ServedModel) -> list[str]:
+    return list(TEXT_TYPES if model.config.task == "text" else IMAGE_TYPES)
+
+
+def describe(model: ServedModel) -> dict[str, Any]:
+    """The model card: JSON-ready, without anything secret or host-specific."""
+    config = model.config
+    extra = config.model_extra or {}
+    prep = config.preprocessing
+    card: dict[str, Any] = {
+        "name": model.name,
+        "version": model.version,
+        "task": config.task,
+        "labels": list(config.labels),
+        "backend": model.backend.name,
+        "device": model.backend.device,
+        "media_types": media_types(model),
+        "inputs": {
+            RAW_INPUT: "v2 BYTES: one element per item, the encoded file (image) or UTF-8 text; in JSON an image "
+            "is a base64 string with the input's parameters.content_type='base64'",
+            **{spec.name: f"v2 {spec.datatype} {spec.shape}: preprocessed" for spec in config.inputs},
+        },
+    }
+    if isinstance(prep, TextPreprocessing):
+        card["max_length"] = prep.max_length
+        card["length_unit"] = "UTF-8 bytes"
+        card["truncation_sides"] = list(TRUNCATION_SIDES)
+        card["suited_inputs"] = _SUITS["text"]
+    elif isinstance(prep, ImagePreprocessing):
+        card["image_size"] = [prep.height, prep.width]
+        card["channels"] = prep.channels
+        card["suited_inputs"] = _SUITS["image"].format(w=prep.width, h=prep.height)
+    attention = extra.get("attention")
+    if isinstance(attention, dict):
+        card["attention"] = attention
+    metrics = extra.get("metrics")
+    if isinstance(metrics, dict):
+        card["accuracy"] = {k: metrics[k] for k in ("test_accuracy", "val_accuracy", "n_test") if k in metrics}
+    data = extra.get("data")
+    if isinstance(data, dict):
+        card["data"] = data
+    return card

@@ -1,0 +1,62 @@
+"""GET /info: what a client needs to know before sending, in one call (like text-embeddings-inference's /info).
+
+The server's limits (batching, body size, longest text) and one model card per served model
+(server.model_card): labels, media types, max_length, attention, measured accuracy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+
+from server.metrics import server_version
+from server.model_card import describe
+from server.routes.common import AppState, State, get_state, require_api_key
+from server.routes.triton import EXTENSIONS
+
+SERVER_NAME = "lara-serve"
+
+router = APIRouter(tags=["ops"], dependencies=[Depends(require_api_key)])
+
+
+@router.get("/info")
+async def info(state: State) -> dict[str, Any]:
+    settings = state.settings
+    cards = [describe(m) for _, m in sorted(state.registry.models.items())] if state.started else []
+    text_lengths = [c["max_length"] for c in cards if "max_length" in c]
+    return {
+        "server": SERVER_NAME,
+        "version": server_version(),
+        "ready": state.ready,
+        "backend": settings.backend,
+        "device": settings.device,
+        # TEI's names where the meaning is the same
+        "max_input_length": max(text_lengths) if text_lengths else None,
+        "max_batch_total_tokens": settings.max_batch_tokens,
+        "max_batch_requests": settings.max_batch_size,
+        "max_client_batch_size": settings.max_queue_size,
+        "max_concurrent_requests": settings.max_connections,
+        "max_queue_delay_ms": settings.max_queue_delay_ms,
+        "request_timeout_s": settings.request_timeout_s,
+        "max_body_bytes": settings.max_body_bytes,
+        "max_image_pixels": settings.max_image_pixels,
+        "truncate": "false (413) | true | head | tail | head+tail: ?truncate= on :classify and :predict, "
+        "parameters.truncate in v1 and v2 bodies",
+        "protocols": {"v1": "/v1/models", "v2": "/v2", "v2_extensions": EXTENSIONS},
+        "docs": {"swagger": "/docs", "redoc": "/redoc", "openapi": "/openapi.json", "ui": "/ui"},
+        "models": cards,
+        "unavailable": dict(sorted(state.registry.failed.items())),
+    }
+
+
+def require_metrics_key(request: Request) -> None:
+    """/metrics: the API key as everywhere, unless metrics_auth=false (a scraper on a trusted network)."""
+    state: AppState = get_state(request)
+    if state.settings.metrics_auth:
+        require_api_key(request, state)
+
+
+def served_models(state: AppState) -> list[tuple[str, str, str, str]]:
+    """(model, version, backend, task) of each served model, for lara_model_info."""
+    return [(m.name, m.version, m.backend.name, m.config.task) for m in list(state.registry.models.values())]
