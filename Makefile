@@ -1,5 +1,5 @@
 # The two commands of the README:
-#   make serve   set everything up, then run the main job (serve the bundled models)
+#   make serve   the serving install (onnxruntime, FastAPI, uvicorn; no torch), then serve the bundled models
 #   make test    set everything up, then run lint and the whole test suite
 # Both are idempotent: set-up is skipped when .venv is current with pyproject.toml.
 
@@ -7,7 +7,9 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-DEBS   := dataset-fashion-mnist
+SERVE_STAMP := $(VENV)/.installed-serve
+# chromium: the /docs and /ui browser tests (driven by playwright from PyPI; no browser download)
+DEBS   := dataset-fashion-mnist chromium
 
 .PHONY: setup serve test lint bench debs
 
@@ -50,5 +52,21 @@ test: setup lint
 bench: setup
 	$(PY) -m benchmarks.attention
 
-serve: setup
-	$(PY) -m server
+# The lean serving install: pyproject's base dependencies only (about 230 MB, no torch/triton/dev tools).
+# A venv that already has the full install ([dev]) is a superset and is used as it is.
+$(SERVE_STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	test -f $(STAMP) -a $(STAMP) -nt pyproject.toml || $(PY) -m pip install -q -e .
+	touch $(SERVE_STAMP)
+
+serve: $(SERVE_STAMP)
+	$(VENV)/bin/lara-serve
+
+# Serving images (deploy/README.md). They need a Docker daemon: as root, a private one that leaves the host
+# alone is `eval "$$(deploy/ci/dockerd.sh start /tmp/lara-docker)"` (stop: deploy/ci/dockerd.sh stop ...).
+.PHONY: image image-gpu
+image: $(STAMP)
+	deploy/build_image.sh cpu
+
+image-gpu: $(STAMP)
+	deploy/build_image.sh gpu

@@ -30,7 +30,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -149,7 +151,9 @@ def batched_app(args: dict[str, str] | None = None) -> Any:
             return list(softmax(logits))
 
         async def classify(self, data: bytes, truncate: bool = False) -> dict[str, Any]:
-            item = self.model.item_from_bytes(data, truncate, self.settings.max_image_pixels)
+            # The server takes a truncation side (None: refuse long texts); `head` keeps the start.
+            side = "head" if truncate else None
+            item = self.model.item_from_bytes(data, side, self.settings.max_image_pixels)
             probabilities = await self._classify(item)
             labels = self.model.config.labels
             best = int(probabilities.argmax())
@@ -179,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("args", nargs="*", metavar="KEY=VALUE", help="LARA settings and Ray options")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--num-cpus", type=int, default=os.cpu_count() or 1, help="CPUs Ray may use")
+    parser.add_argument("--temp-dir", default=None, help="Ray's session folder (default /tmp/ray)")
     opts = parser.parse_args(argv)
     args = dict(kv.split("=", 1) for kv in opts.args)
     builder = ingress_app if opts.app == "ingress" else batched_app
@@ -187,9 +192,24 @@ def main(argv: list[str] | None = None) -> int:
     import ray
 
     serve = _serve()
-    ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=opts.num_cpus)
-    serve.start(http_options={"host": "127.0.0.1", "port": opts.port})
-    serve.run(application, name="lara", route_prefix="/", blocking=True)
+    # SIGTERM and SIGINT both stop the app and then the local Ray instance this driver started. A shell starts
+    # background jobs with SIGINT ignored, and Python's default SIGTERM exits without cleaning up: without
+    # these handlers, Ray's processes would outlive the driver.
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    # Binds what Ray lets us bind to loopback: the node's address and the HTTP proxy. GCS and the raylet
+    # still listen on every interface (ray 2.60), so do not run this on a host with untrusted neighbours.
+    ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=opts.num_cpus, _temp_dir=opts.temp_dir)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": opts.port})
+        serve.run(application, name="lara", route_prefix="/", blocking=False)  # returns once every replica runs
+        replicas = int(args.get("num_replicas", "1"))
+        print(f"ready: http://127.0.0.1:{opts.port} ({opts.app}, {replicas} replica(s))", flush=True)
+        stop.wait()
+    finally:
+        serve.shutdown()
+        ray.shutdown()
     return 0
 
 

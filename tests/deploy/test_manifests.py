@@ -1,19 +1,15 @@
 """Deployment files agree with the server: probe paths are real routes, ports match, every LARA_ variable is a
 Settings field with a value Settings accepts, selectors select the pods, the image stays lean and offline.
 
-Fast (no cluster, no Docker, no Ray). PyYAML is needed; kubernetes-validate (offline schemas) and kubectl
-(kustomize) are used when installed.
+Fast (no cluster, no Docker, no Ray). Schema validation and kustomize rendering are in test_k8s_schemas.py,
+the built image in test_container.py, Ray Serve in test_ray_serve.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import http.server
-import importlib.util
 import re
-import shutil
-import subprocess
-import sys
 import threading
 import tomllib
 from pathlib import Path
@@ -21,6 +17,25 @@ from typing import Any
 
 import httpx
 import pytest
+from deploy_helpers import (
+    DEPLOY,
+    FOREIGN_ENV,
+    K8S,
+    LIVE,
+    READY,
+    ROOT,
+    RUNTIME_STAGES,
+    deployment_container,
+    docker_env,
+    dockerfile_instructions,
+    dockerfile_stages,
+    import_file,
+    k8s_objects,
+    kserve_container,
+    lara_env_of,
+    load,
+    probes,
+)
 from fastapi import FastAPI
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -28,85 +43,6 @@ from packaging.version import Version
 
 from server.app import create_app
 from server.settings import Settings
-
-yaml = pytest.importorskip("yaml", reason="PyYAML is needed to read the manifests (dev extra)")
-
-ROOT = Path(__file__).resolve().parents[2]
-DEPLOY = ROOT / "deploy"
-K8S = DEPLOY / "k8s"
-KSERVE = DEPLOY / "kserve" / "inferenceservice.yaml"
-LIVE, READY = "/v2/health/live", "/v2/health/ready"
-# Env variables that are not LARA settings, and why they are allowed.
-FOREIGN_ENV = {"PROTOCOL"}  # KServe: the protocol of a custom predictor container
-
-
-def load(path: Path) -> list[dict[str, Any]]:
-    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
-
-
-def import_file(name: str, path: Path) -> Any:
-    """deploy/ is not a package of the project: load its modules by path."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def k8s_objects() -> dict[str, dict[str, Any]]:
-    """kind -> object, for the kustomize base (one object of each kind)."""
-    objects: dict[str, dict[str, Any]] = {}
-    for name in load(K8S / "kustomization.yaml")[0]["resources"]:
-        for doc in load(K8S / name):
-            assert doc["kind"] not in objects, f"two {doc['kind']} objects"
-            objects[doc["kind"]] = doc
-    return objects
-
-
-def kserve_container() -> dict[str, Any]:
-    (isvc,) = load(KSERVE)
-    (container,) = isvc["spec"]["predictor"]["containers"]
-    return container
-
-
-def deployment_container() -> dict[str, Any]:
-    (container,) = k8s_objects()["Deployment"]["spec"]["template"]["spec"]["containers"]
-    return container
-
-
-def dockerfile_instructions() -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
-    instructions, pending = [], ""
-    for line in (ROOT / "Dockerfile").read_text().splitlines():
-        if line.lstrip().startswith("#") or not line.strip():
-            continue
-        pending += line.rstrip()
-        if pending.endswith("\\"):
-            pending = pending[:-1] + " "
-            continue
-        keyword, _, rest = pending.strip().partition(" ")
-        instructions.append((keyword.upper(), " ".join(rest.split())))
-        pending = ""
-    return instructions
-
-
-def docker_env() -> dict[str, str]:
-    env = {}
-    for keyword, args in dockerfile_instructions():
-        if keyword == "ENV":
-            env.update(dict(re.findall(r"(\w+)=(\S+)", args)))
-    return env
-
-
-def lara_env_of(container: dict[str, Any]) -> dict[str, str | None]:
-    return {e["name"]: e.get("value") for e in container.get("env", [])}
-
-
-def probes(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {kind: container[kind]["httpGet"] for kind in ("startupProbe", "livenessProbe", "readinessProbe")}
 
 
 @pytest.fixture(scope="module")
@@ -175,15 +111,15 @@ def test_probes_use_the_v2_health_routes(where: str) -> None:
     assert got["readinessProbe"]["path"] == READY
 
 
-def test_image_healthcheck_uses_liveness_route() -> None:
-    (healthcheck,) = [args for keyword, args in dockerfile_instructions() if keyword == "HEALTHCHECK"]
+@pytest.mark.parametrize("stage", RUNTIME_STAGES)
+def test_image_healthcheck_uses_liveness_route(stage: str) -> None:
+    instructions = dockerfile_stages()[stage]
+    (healthcheck,) = [args for keyword, args in instructions if keyword == "HEALTHCHECK"]
     script = re.search(r'"(/app/[^"]+\.py)"', healthcheck)
     assert script, healthcheck
     local = ROOT / script.group(1).removeprefix("/app/")
     assert LIVE in local.read_text()
-    assert any(
-        keyword == "COPY" and str(local.relative_to(ROOT)) in args for keyword, args in dockerfile_instructions()
-    )
+    assert any(keyword == "COPY" and str(local.relative_to(ROOT)) in args for keyword, args in instructions)
 
 
 def test_healthcheck_script_exit_codes(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -234,12 +170,14 @@ def test_kserve_ports_agree() -> None:
     assert {p["port"] for p in probes(container).values()} == {port["containerPort"]}
 
 
-def test_dockerfile_port_and_bind() -> None:
-    exposed = [args for keyword, args in dockerfile_instructions() if keyword == "EXPOSE"]
-    env = docker_env()
+@pytest.mark.parametrize("stage", RUNTIME_STAGES)
+def test_dockerfile_port_and_bind(stage: str) -> None:
+    exposed = [args for keyword, args in dockerfile_stages()[stage] if keyword == "EXPOSE"]
+    env = docker_env(stage)
     assert exposed == [env["LARA_PORT"]] == ["8000"]
     assert env["LARA_HOST"] == "0.0.0.0"
     assert env["LARA_BACKEND"] == "onnxruntime"
+    assert env["LARA_DEVICE"] == stage.replace("gpu", "cuda")  # the gpu image never runs on the CPU silently
 
 
 # -- env names are Settings fields, values are accepted --------------------------------------------------------
@@ -251,7 +189,7 @@ def all_env_names() -> dict[str, set[str]]:
         "configmap": set(objects["ConfigMap"]["data"]),
         "deployment": set(lara_env_of(deployment_container())),
         "kserve": set(lara_env_of(kserve_container())),
-        "dockerfile": {k for k in docker_env() if k.startswith("LARA_")},
+        "dockerfile": {k for stage in RUNTIME_STAGES for k in docker_env(stage) if k.startswith("LARA_")},
     }
 
 
@@ -263,14 +201,14 @@ def test_env_names_are_settings_fields(where: str) -> None:
     assert names <= fields, f"not Settings fields: {sorted(names - fields)}"
 
 
-@pytest.mark.parametrize("where", ["configmap", "kserve", "dockerfile"])
+@pytest.mark.parametrize("where", ["configmap", "kserve", "dockerfile-cpu", "dockerfile-gpu"])
 def test_env_values_are_valid_settings(where: str, tmp_path: Path) -> None:
     if where == "configmap":
         values = dict(k8s_objects()["ConfigMap"]["data"])
     elif where == "kserve":
         values = {k: v for k, v in lara_env_of(kserve_container()).items() if k not in FOREIGN_ENV}
     else:
-        values = {k: v for k, v in docker_env().items() if k.startswith("LARA_")}
+        values = {k: v for k, v in docker_env(where.removeprefix("dockerfile-")).items() if k.startswith("LARA_")}
     kwargs: dict[str, Any] = {k.removeprefix("LARA_").lower(): v for k, v in values.items()}
     kwargs["model_repository"] = tmp_path  # the image's path does not exist here
     Settings(**kwargs)  # raises on any value the server would refuse at start-up
@@ -319,10 +257,13 @@ def test_dockerfile_base_is_a_build_arg_and_user_is_not_root() -> None:
     assert instructions[0] == ("ARG", "BASE=local/debian:bookworm")
     froms = [args for keyword, args in instructions if keyword == "FROM"]
     assert froms and all(f.split()[0] == "${BASE}" for f in froms)
-    (user,) = [args for keyword, args in instructions if keyword == "USER"]
-    uid = user.split(":")[0]
-    assert uid not in ("0", "root")
-    assert k8s_objects()["Deployment"]["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == int(uid)
+    stages = dockerfile_stages()
+    assert list(stages)[-2:] == ["build-gpu", "gpu"]  # --target cpu (the classic builder) never builds gpu
+    for stage in RUNTIME_STAGES:
+        (user,) = [args for keyword, args in stages[stage] if keyword == "USER"]
+        uid = user.split(":")[0]
+        assert uid not in ("0", "root")
+        assert k8s_objects()["Deployment"]["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == int(uid)
     installs = [args for keyword, args in instructions if keyword == "RUN" and "pip install" in args]
     assert installs and all("--no-index" in args for args in installs)
 
@@ -343,6 +284,8 @@ def test_serving_requirements_are_lean_and_within_the_project_requirements() -> 
     for name, version in pins.items():
         assert name in declared, f"{name} is pinned for the image but is no project dependency"
         assert version in declared[name], f"{name}=={version} is outside the project's {declared[name]}"
+    # The image is the serving install (`pip install .`): every base dependency is pinned for it.
+    assert set(declared) <= set(pins), f"not in requirements-serve.txt: {sorted(set(declared) - set(pins))}"
 
 
 def test_dockerignore_keeps_the_context_small() -> None:
@@ -353,9 +296,11 @@ def test_dockerignore_keeps_the_context_small() -> None:
     copied = set()
     for keyword, args in dockerfile_instructions():
         if keyword == "COPY" and "--from" not in args:
-            copied.add(args.split()[0].rstrip("/"))
-    assert {c for c in copied if c != "deploy/wheels"} <= allowed
-    assert "deploy/wheels/*.whl" in allowed
+            copied.update(source.rstrip("/") for source in args.split()[:-1])
+    wheelhouses = {"deploy/wheels", "deploy/wheels-gpu"}
+    assert wheelhouses <= copied
+    assert copied - wheelhouses <= allowed
+    assert {f"{w}/*.whl" for w in wheelhouses} <= allowed
 
 
 # -- Ray Serve app: importable without ray, arguments checked ---------------------------------------------------
@@ -384,26 +329,3 @@ def test_ray_token_budget() -> None:
     assert size(600, 500) > 1000  # over the budget: Ray defers the second item
     assert size(10, 10, 10, 10) <= 1000 < size(10, 10, 10, 10, 10)  # the item count is capped too
     assert size(5000) == 1000  # a lone long item still runs
-
-
-# -- optional tools: offline schema validation, kustomize -------------------------------------------------------
-
-
-def test_manifests_validate_against_kubernetes_schemas() -> None:
-    kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate not installed")
-    for doc in k8s_objects().values():
-        kv.validate(doc, "1.33", strict=True)
-    broken = dict(k8s_objects()["Service"])
-    broken["spec"] = {**broken["spec"], "selectr": {}}
-    with pytest.raises(kv.ValidationError):
-        kv.validate(broken, "1.33", strict=True)
-
-
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
-def test_kustomize_builds() -> None:
-    out = subprocess.run(
-        ["kubectl", "kustomize", str(K8S)], capture_output=True, text=True, timeout=60, check=True
-    ).stdout
-    kinds = sorted(doc["kind"] for doc in yaml.safe_load_all(out) if doc)
-    assert kinds == sorted(k8s_objects())
-    assert "image: lara-serve:cpu" in out

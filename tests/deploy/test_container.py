@@ -1,0 +1,196 @@
+"""The CPU image, built and run as a user would (deploy/README.md): a private Docker daemon, the image from
+deploy/build_image.sh, `docker run --read-only --cap-drop ALL --network host` on a loopback port; real
+BBC texts and Fashion-MNIST PNGs get their labels, the server runs as uid 10001 and stops cleanly, and
+LARA_DEVICE=cuda without a GPU refuses to start.
+
+Needs root (apt-get install docker.io debootstrap when missing, dockerd). Skips with the reason elsewhere;
+fails under CI=true. The daemon is private (deploy/ci/dockerd.sh: own data root and socket, no bridge, no
+iptables), stopped by its PID and removed afterwards. Cached between runs on one machine, under
+$LARA_CI_CACHE (default /var/cache/lara-serve-ci): the debootstrapped base (tar) and pip's downloads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from smoke_data import ROOT, Example, clear_examples, ensure_debian_packages, need
+
+from clients.client import LaraClient
+from server.testing import free_port
+
+pytestmark = pytest.mark.slow
+
+CACHE = Path(os.environ.get("LARA_CI_CACHE", "/var/cache/lara-serve-ci"))
+BASE_TAR = CACHE / "debian-bookworm-minbase.tar"
+BASE_TAR_MAX_AGE_S = 14 * 86400  # then debootstrap again, for current Debian packages
+IMAGE = "lara-serve:ci-smoke"
+UID = 10001
+
+
+def run(cmd: list[str], env: dict[str, str], timeout: float, check: bool = True) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    if check and done.returncode != 0:
+        pytest.fail(f"{' '.join(cmd)} -> {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return done
+
+
+def host_network_state() -> tuple[str, str]:
+    """What a plain dockerd would change on the host: ip_forward and the iptables rules (read only)."""
+    forward = Path("/proc/sys/net/ipv4/ip_forward").read_text().strip()
+    rules = ""
+    if shutil.which("iptables-save"):
+        rules = subprocess.run(["iptables-save"], capture_output=True, text=True, timeout=30).stdout
+        rules = "\n".join(line for line in rules.splitlines() if not line.startswith(("#", ":")))
+    return forward, rules
+
+
+@pytest.fixture(scope="module")
+def docker() -> Iterator[dict[str, str]]:
+    """Environment (DOCKER_HOST) of a private daemon; the daemon and its data are gone afterwards."""
+    if os.geteuid() != 0:
+        need("the container test runs its own dockerd, which needs root")
+    ensure_debian_packages("docker.io", "debootstrap")
+    before = host_network_state()
+    # A short path: the daemon's unix sockets must fit in 108 bytes.
+    workdir = tempfile.mkdtemp(prefix="lara-docker-", dir="/tmp")
+    script = str(ROOT / "deploy" / "ci" / "dockerd.sh")
+    started = subprocess.run([script, "start", workdir], capture_output=True, text=True, timeout=120)
+    if started.returncode != 0:
+        subprocess.run([script, "stop", workdir], capture_output=True, timeout=120)
+        pytest.fail(f"private dockerd did not start: {started.stderr[-2000:]}")
+    env = {**os.environ, "DOCKER_HOST": f"unix://{workdir}/docker.sock", "DOCKER_BUILDKIT": "0"}
+    try:
+        yield env
+    finally:
+        stopped = subprocess.run([script, "stop", workdir], capture_output=True, text=True, timeout=120)
+        assert stopped.returncode == 0, stopped.stderr
+        assert not Path(workdir).exists()
+        assert host_network_state() == before, "the Docker daemon changed the host's ip_forward or iptables"
+
+
+@pytest.fixture(scope="module")
+def image(docker: dict[str, str]) -> str:
+    CACHE.mkdir(parents=True, exist_ok=True)
+    if BASE_TAR.exists() and time.time() - BASE_TAR.stat().st_mtime > BASE_TAR_MAX_AGE_S:
+        BASE_TAR.unlink()
+    env = {**docker, "IMAGE": IMAGE, "BASE_TAR": str(BASE_TAR), "PIP_CACHE_DIR": str(CACHE / "pip")}
+    run([str(ROOT / "deploy" / "build_image.sh"), "cpu"], env, timeout=900)
+    return IMAGE
+
+
+@pytest.fixture(scope="module")
+def examples() -> list[Example]:
+    return clear_examples(per_class=1)
+
+
+def docker_run(docker: dict[str, str], port: int, *extra: str) -> list[str]:
+    return [
+        "docker", "run", "--network", "host", "--read-only", "--tmpfs", "/tmp", "--cap-drop", "ALL",
+        "--security-opt", "no-new-privileges", "-e", "LARA_HOST=127.0.0.1", "-e", f"LARA_PORT={port}",
+        *extra,
+    ]  # fmt: skip
+
+
+def wait_ready(docker: dict[str, str], name: str, url: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/v2/health/ready", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        state = run(["docker", "inspect", "-f", "{{.State.Running}}", name], docker, 30).stdout.strip()
+        if state != "true":
+            logs = run(["docker", "logs", name], docker, 30, check=False)
+            pytest.fail(f"container exited before ready:\n{logs.stdout[-2000:]}{logs.stderr[-2000:]}")
+        time.sleep(0.5)
+    pytest.fail(f"not ready within {timeout_s} s")
+
+
+def listening_addresses(port: int) -> set[str]:
+    """Local IPv4 addresses (hex, as in /proc/net/tcp) with a socket listening on `port`."""
+    found = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, hex_port = local.split(":")
+        if state == "0A" and int(hex_port, 16) == port:
+            found.add(address)
+    return found
+
+
+def process_status(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {key: value.strip() for key, _, value in (line.partition(":") for line in lines)}
+
+
+@pytest.mark.timeout(1200)
+def test_image_is_lean_and_not_root(image: str, docker: dict[str, str]) -> None:
+    (info,) = json.loads(run(["docker", "image", "inspect", image], docker, 60).stdout)
+    assert info["Config"]["User"] == f"{UID}:{UID}"
+    size_mb = info["Size"] / 1e6
+    assert size_mb < 450, f"image grew to {size_mb:.0f} MB (345 MB in 2026-11)"
+    # Neither PyTorch nor pip are in the serving image.
+    probe = "import importlib.util as u; print([m for m in ('torch', 'triton', 'pip') if u.find_spec(m)])"
+    out = run(["docker", "run", "--rm", "--network", "host", image, "python", "-c", probe], docker, 120).stdout
+    assert out.strip() == "[]"
+
+
+def test_container_classifies_real_inputs_and_stops_cleanly(
+    image: str, docker: dict[str, str], examples: list[Example]
+) -> None:
+    port, name = free_port(), f"lara-smoke-{os.getpid()}"
+    url = f"http://127.0.0.1:{port}"
+    run([*docker_run(docker, port, "-d", "--name", name), image], docker, 60)
+    try:
+        wait_ready(docker, name, url, timeout_s=180)
+        assert listening_addresses(port) == {"0100007F"}, "the server must listen on 127.0.0.1 only"
+        pid = int(run(["docker", "inspect", "-f", "{{.State.Pid}}", name], docker, 30).stdout)
+        status = process_status(pid)
+        assert status["Uid"].split() == [str(UID)] * 4 and status["Gid"].split() == [str(UID)] * 4
+        assert int(status["CapEff"], 16) == 0
+
+        with LaraClient(url, timeout_s=30) as client:
+            for example in examples:  # v1 :classify, raw body
+                got = client.classify(example.model, example.data, content_type=example.content_type)
+                assert got.label == example.label, (example.model, example.label, got)
+                assert abs(got.score - example.probability) < 1e-2, (example.model, got.score, example.probability)
+            for model in {e.model for e in examples}:  # v2 infer, a batch of every example of the model
+                mine = [e for e in examples if e.model == model]
+                result = client.infer(model, [e.data for e in mine])
+                assert [result.labels[i] for i in result.probabilities.argmax(axis=1)] == [e.label for e in mine]
+    finally:
+        started = time.monotonic()
+        run(["docker", "stop", "-t", "60", name], docker, 120, check=False)
+        stop_s = time.monotonic() - started
+        state = json.loads(run(["docker", "inspect", "-f", "{{json .State}}", name], docker, 30).stdout)
+        logs = run(["docker", "logs", name], docker, 30, check=False)
+        run(["docker", "rm", "-f", name], docker, 60, check=False)
+    output = logs.stdout + logs.stderr
+    # SIGTERM -> drain -> exit 0 well before the 60 s after which docker would SIGKILL (exit 137).
+    assert state["ExitCode"] == 0 and not state["OOMKilled"], (state, output[-2000:])
+    assert stop_s < 45, f"docker stop took {stop_s:.1f} s"
+    assert "Application shutdown complete" in output, output[-2000:]
+    assert "Traceback" not in output, output[-3000:]
+
+
+def test_device_cuda_without_gpu_refuses_to_start(image: str, docker: dict[str, str]) -> None:
+    port = free_port()
+    cmd = [*docker_run(docker, port, "--rm", "-e", "LARA_DEVICE=cuda"), image]
+    try:
+        done = subprocess.run(cmd, env=docker, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("LARA_DEVICE=cuda without a GPU kept running for 120 s; it must exit at start-up")
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output[-2000:]
+    assert "cuda" in output.lower(), output[-2000:]
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"http://127.0.0.1:{port}/v2/health/live", timeout=2)  # never served
