@@ -103,6 +103,9 @@ def ratios(cells: list[Cell], lara: str, exact: str) -> list[dict[str, Any]]:
             "lara_p50_ms": c.p50_ms,
             "exact_p50_ms": other.p50_ms if other else None,
             "exact_over_lara": round(other.p50_ms / c.p50_ms, 2) if other and other.p50_ms else None,
+            # The server's own inference time (X-Inference-Time-Ms): no HTTP, no queueing.
+            "lara_inference_p50_ms": c.server_inference_ms_p50,
+            "exact_inference_p50_ms": other.server_inference_ms_p50 if other else None,
             "lara_rps": c.throughput_rps,
             "exact_rps": other.throughput_rps if other else None,
         })  # fmt: skip
@@ -117,8 +120,11 @@ def summary(cells: list[Cell], names: dict[str, Any], skipped_lengths: list[int]
         faster = [r["bytes"] for r in mine if r["exact_over_lara"] is not None and r["exact_over_lara"] > 1]
         out[f"crossover_bytes_c{conc}"] = min(faster) if faster else None  # shortest length where LARA wins
         p50 = {r["bytes"]: r["lara_p50_ms"] for r in mine}
-        if 4096.0 in p50 and 65536.0 in p50:
-            out[f"lara_p50_growth_4k_to_64k_c{conc}"] = round(p50[65536.0] / p50[4096.0], 2)
+        longest = max(p50)
+        if 4096.0 in p50 and longest > 4096.0:  # linear in length would be longest / 4096
+            out[f"lara_p50_growth_c{conc}"] = {"from_bytes": 4096, "to_bytes": longest,
+                                               "p50_ratio": round(p50[longest] / p50[4096.0], 2),
+                                               "linear_would_be": longest / 4096}  # fmt: skip
     return out
 
 

@@ -107,6 +107,7 @@ def build_parser(prog: str = "python -m clients loadtest") -> argparse.ArgumentP
     inputs.add_argument("--truncate", action="store_true", help="let the server cut texts longer than it takes")
     p.add_argument("--route", action="append", choices=ROUTES, help="predict (default), classify, v2-json, v2-binary")
     p.add_argument("--out", type=Path, default=None, help="write report.json, report.csv and PNG charts here")
+    p.add_argument("--note", action="append", default=[], help="free text kept in report.json (e.g. server flags)")
     p.add_argument("--fail-on-error-rate", type=float, default=0.0,
                    help="exit 1 if any cell's error rate exceeds this (default 0: any error fails)")  # fmt: skip
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
@@ -211,7 +212,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m clients loadt
                 check_loopback(url)
         points = _points(args)
         targets = discover(urls, args.model, args.api_key)
-        notes: list[str] = []
+        notes: list[str] = list(args.note)
         plan = SweepPlan(targets=targets, groups=_groups(args, targets[0].task, notes), points=points,
                          routes=args.route or ["predict"], requests=args.requests, seconds=args.seconds,
                          timeout_s=args.timeout, api_key=args.api_key, truncate=args.truncate, warmup=args.warmup,
