@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from server.preflight import preflight
 from server.settings import Settings
 
 
@@ -39,21 +40,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = parse_settings(argv)
     except ValidationError as exc:
-        print(f"invalid settings:\n{exc}", file=sys.stderr)
+        # Without input values: a rejected api_key must not reach the logs.
+        errors = exc.errors(include_url=False, include_input=False, include_context=False)
+        lines = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in errors)
+        print(f"lara-serve: error: invalid settings: {lines}", file=sys.stderr)
+        return 2
+    # Before any model loads (uvicorn binds only after the lifespan): a busy port or a missing GPU is
+    # one line now, not a traceback after a minute of loading.
+    problem = preflight(settings)
+    if problem is not None:
+        print(f"lara-serve: error: {problem}", file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    import uvicorn
-
     from server.app import create_app
+    from server.serving import build_server
 
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        timeout_graceful_shutdown=5,
-    )
+    app = create_app(settings)
+    if settings.metrics_port:
+        from prometheus_client import start_http_server
+
+        # Its own thread and port, no key (Triton's --metrics-port); the app's /metrics stays as configured.
+        start_http_server(settings.metrics_port, addr=settings.host, registry=app.state.lara.metrics.registry)
+    build_server(app, app.state.lara).run()  # drains on SIGTERM/SIGINT (server.serving)
     return 0
 
 

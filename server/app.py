@@ -15,12 +15,13 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.errors import HTTP_STATUS, ErrorKind, ServeError, kind_for_status, too_large
-from server.models import ServedModel, load_models
-from server.routes import v1, v2
-from server.routes.common import AppState, require_api_key
+from server.errors import HTTP_STATUS, ErrorKind, ServeError, clean_message, kind_for_status, too_large
+from server.models import ServedModel, load_repository
+from server.routes import docs, info, triton, ui, v1, v2
+from server.routes.common import AppState, ClientWatch, client_watch
 from server.schemas import V1PredictRequest, V2InferRequest
 from server.settings import Settings
 
@@ -34,20 +35,24 @@ def create_app(settings: Settings | None = None, models: list[ServedModel] | Non
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        loaded = (
-            {m.name: m for m in models}
-            if models is not None
-            else await asyncio.to_thread(load_models, settings, state.metrics)
-        )
-        state.registry.models = loaded
+        if models is not None:
+            loaded, failed = {m.name: m for m in models}, {}
+        else:
+            loaded, failed = await asyncio.to_thread(load_repository, settings, state.metrics)
+        if not loaded:
+            raise RuntimeError(f"no model could be loaded: {failed}")
+        state.registry.models, state.registry.failed = loaded, failed
         for model in loaded.values():
+            model.decode_budget = state.decode_budget
             model.batcher.start()
-        state.ready = True  # only now: every model is loaded and warmed up
+        state.started = True  # only now: every usable model is loaded and checked
         log.info("ready: %s", ", ".join(sorted(loaded)))
+        if failed:
+            log.error("not serving (failed to load): %s", "; ".join(f"{n}: {r}" for n, r in sorted(failed.items())))
         try:
             yield
         finally:
-            state.ready = False
+            state.draining = True
             for model in loaded.values():
                 await model.stop()
 
@@ -56,13 +61,20 @@ def create_app(settings: Settings | None = None, models: list[ServedModel] | Non
         version=v2.SERVER_VERSION,
         description="KServe v1/v2 inference for LARA long-sequence text and image classifiers.",
         lifespan=lifespan,
+        docs_url=None,  # served offline by server.routes.docs
+        redoc_url=None,
     )
     app.state.lara = state
     app.include_router(v2.health)
+    app.include_router(triton.router)  # before v2: /v2/models/stats is not a model named "stats"
     app.include_router(v2.router)
     app.include_router(v1.router)
+    app.include_router(info.router)
+    app.include_router(ui.router)
+    docs.install(app)
+    state.metrics.track_models(lambda: info.served_models(state))
 
-    @app.get("/metrics", tags=["ops"], dependencies=[Depends(require_api_key)])
+    @app.get("/metrics", tags=["ops"], dependencies=[Depends(info.require_metrics_key)])
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
@@ -70,19 +82,33 @@ def create_app(settings: Settings | None = None, models: list[ServedModel] | Non
     _add_openapi_components(app)
     # Outermost first at request time: timing sees everything, the body limit guards every route.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(ClientMiddleware, state=state)
     app.add_middleware(TimingMiddleware)
     return app
 
 
-def error_response(kind: ErrorKind, message: str, retry_after_s: int | None = None) -> JSONResponse:
-    headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else None
-    return JSONResponse({"error": message}, status_code=HTTP_STATUS[kind], headers=headers)
+def error_response(
+    kind: ErrorKind, message: str, retry_after_s: int | None = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    headers = dict(headers or {})
+    if retry_after_s is not None:
+        headers["Retry-After"] = str(retry_after_s)
+    if kind is ErrorKind.UNAUTHENTICATED:
+        headers["WWW-Authenticate"] = 'Bearer realm="lara-serve"'
+    if kind is ErrorKind.REQUEST_TIMEOUT:
+        headers["Connection"] = "close"  # the rest of a slow body would be read as the next request
+    return JSONResponse({"error": clean_message(message)}, status_code=HTTP_STATUS[kind], headers=headers)
 
 
 def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServeError)
     async def serve_error(request: Request, exc: ServeError) -> JSONResponse:
         return error_response(exc.kind, exc.message, exc.retry_after_s)
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_left(request: Request, exc: ClientDisconnect) -> JSONResponse:
+        # Hung up mid-upload: not a server error; the response goes nowhere (uvicorn drops it).
+        return error_response(ErrorKind.CLIENT_CLOSED, "client disconnected while sending the request")
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -97,7 +123,7 @@ def _add_error_handlers(app: FastAPI) -> None:
             message = f"no route {request.method} {request.url.path}; see /docs"
         elif exc.status_code == 405:
             message = f"method {request.method} not allowed on {request.url.path}; see /docs"
-        response = error_response(kind, message)
+        response = error_response(kind, message, headers=exc.headers)  # keeps 405's Allow
         response.status_code = exc.status_code
         return response
 
@@ -150,6 +176,72 @@ class BodyLimitMiddleware:
             return msg
 
         await self.app(scope, limited_receive, send)
+
+
+class ClientMiddleware:
+    """What the server owes a client connection, per request:
+
+    - a body that does not arrive within body_timeout_s is a 408 (not a connection held forever);
+    - once the body is in, a watcher waits for the client to hang up and then cancels the request, so
+      its queued items are dropped (server.batcher) instead of computed for nobody;
+    - while draining, responses carry `Connection: close` so keep-alive clients reconnect elsewhere.
+    """
+
+    def __init__(self, app: ASGIApp, state: AppState) -> None:
+        self.app, self.state = app, state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        loop = asyncio.get_running_loop()
+        body_deadline = loop.time() + self.state.settings.body_timeout_s
+        watch, task = ClientWatch(), asyncio.current_task()
+        assert task is not None
+        watcher: asyncio.Task[None] | None = None
+        response_done = False
+
+        async def watch_disconnect() -> None:
+            message = await receive()  # after the body, the server's next message is the disconnect
+            if message["type"] == "http.disconnect" and not response_done:
+                watch.disconnected = True
+                task.cancel()
+
+        async def app_receive() -> Message:
+            nonlocal watcher
+            if watcher is not None:  # body already read: nothing more will come
+                return {"type": "http.disconnect"} if watch.disconnected else await receive()
+            try:
+                async with asyncio.timeout_at(body_deadline):
+                    message = await receive()
+            except TimeoutError:
+                self.state.metrics.client_timeouts.labels("body").inc()
+                raise ServeError(
+                    ErrorKind.REQUEST_TIMEOUT,
+                    f"request body not received within body_timeout_s={self.state.settings.body_timeout_s:g}",
+                ) from None
+            if message["type"] == "http.request" and not message.get("more_body", False):
+                watcher = loop.create_task(watch_disconnect(), name="lara-disconnect-watch")
+            return message
+
+        async def app_send(message: Message) -> None:
+            nonlocal response_done
+            if message["type"] == "http.response.start" and self.state.draining:
+                message["headers"] = [*message.get("headers", []), (b"connection", b"close")]
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                response_done = True
+            await send(message)
+
+        token = client_watch.set(watch)
+        try:
+            await self.app(scope, app_receive, app_send)
+        except asyncio.CancelledError:
+            if not watch.disconnected or task.cancelling() != 1:
+                raise  # a shutdown's cancellation, not ours
+            task.uncancel()  # ours: the client is gone, there is no one to answer
+        finally:
+            client_watch.reset(token)
+            if watcher is not None:
+                watcher.cancel()
 
 
 class TimingMiddleware:

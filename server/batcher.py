@@ -5,8 +5,11 @@ worker task forms a batch when `max_batch_size` items are ready, when the token 
 items) would be exceeded by one more item, or when the oldest item has waited `max_queue_delay_s`. The
 batch starts from the oldest item and prefers items of a similar length (same bucket), so little compute
 goes to padding. `run_batch` runs in a worker thread, so the event loop stays free. Every item of a batch
-gets an answer: its result or the batch's error. Items whose future is done (cancelled, timed out) are
-dropped, never computed.
+gets an answer: its result or the batch's error.
+
+Work for nobody is never started: an item whose future is done (its client left, its request timed out)
+is dropped from the queue, and an item with a deadline that the planned batch would overrun (estimated
+from the measured seconds per padded token) is answered with a timeout error before it is computed.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import random
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -61,12 +65,21 @@ class BatchObserver(Protocol):
 
     def queue_depth(self, depth: int) -> None: ...
 
+    def items_dropped(self, reason: str, count: int) -> None:
+        """Items removed without compute: reason "cancelled" (client gone) or "deadline"."""
+        ...
+
+    def items_orphaned(self, count: int) -> None:
+        """Items computed although their request was gone by the time the batch finished."""
+        ...
+
 
 @dataclass(eq=False)
 class _Entry(Generic[P, R]):
     payload: P
     length: int
     future: asyncio.Future[BatchResult[R]]
+    deadline: float | None = None  # time.perf_counter() by which the answer is useless
     enqueued: float = field(default_factory=time.perf_counter)
 
 
@@ -88,6 +101,7 @@ class Batcher(Generic[P, R]):
         # One thread per model: batches of a model run one at a time, off the event loop.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"batch-{name}")
         self._batch_s = 0.0  # moving average of batch time, for Retry-After
+        self._s_per_token = 0.0  # moving average of batch time / padded tokens, for deadlines
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -101,11 +115,19 @@ class Batcher(Generic[P, R]):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._worker
             self._worker = None
+        self.fail_queued(ServeError(ErrorKind.NOT_READY, "server is shutting down", retry_after_s=1))
+        self._executor.shutdown(wait=True)
+
+    def fail_queued(self, error: ServeError) -> int:
+        """Answer every queued (not yet running) item with `error`; returns how many there were."""
+        failed = 0
         for entry in self._queue:
             if not entry.future.done():
-                entry.future.set_exception(ServeError(ErrorKind.NOT_READY, "server is shutting down"))
+                entry.future.set_exception(ServeError(error.kind, error.message, retry_after_s=error.retry_after_s))
+                failed += 1
         self._queue.clear()
-        self._executor.shutdown(wait=True)
+        self._report_depth()
+        return failed
 
     @property
     def depth(self) -> int:
@@ -113,8 +135,14 @@ class Batcher(Generic[P, R]):
 
     # -- producer side -------------------------------------------------------------------------------
 
-    def submit(self, items: Sequence[tuple[P, int]]) -> list[asyncio.Future[BatchResult[R]]]:
-        """Queue (payload, length) items together; all or none (429 kind if they do not fit)."""
+    def submit(
+        self, items: Sequence[tuple[P, int]], deadline: float | None = None
+    ) -> list[asyncio.Future[BatchResult[R]]]:
+        """Queue (payload, length) items together; all or none (429 kind if they do not fit).
+
+        `deadline` (time.perf_counter() seconds): items that could not finish by then are answered with
+        a TIMEOUT error instead of being computed.
+        """
         if self._worker is None:
             raise ServeError(ErrorKind.NOT_READY, f"model {self.name!r} is not serving yet")
         if len(self._queue) + len(items) > self.policy.max_queue_size:
@@ -127,7 +155,7 @@ class Batcher(Generic[P, R]):
         loop = asyncio.get_running_loop()
         futures = []
         for payload, length in items:
-            entry: _Entry[P, R] = _Entry(payload, length, loop.create_future())
+            entry: _Entry[P, R] = _Entry(payload, length, loop.create_future(), deadline)
             self._queue.append(entry)
             futures.append(entry.future)
         self._report_depth()
@@ -135,8 +163,10 @@ class Batcher(Generic[P, R]):
         return futures
 
     def retry_after_s(self) -> int:
+        """Time to work off the queue, spread over [t, 2t] so refused clients do not return in step."""
         batches_ahead = len(self._queue) / self.policy.max_batch_size
-        return max(1, math.ceil(batches_ahead * self._batch_s + self.policy.max_queue_delay_s))
+        base = max(1, math.ceil(batches_ahead * self._batch_s + self.policy.max_queue_delay_s))
+        return random.randint(base, 2 * base)
 
     # -- batch formation -----------------------------------------------------------------------------
 
@@ -161,8 +191,44 @@ class Batcher(Generic[P, R]):
     def _drop_done(self) -> None:
         kept = [e for e in self._queue if not e.future.done()]
         if len(kept) != len(self._queue):
+            dropped = len(self._queue) - len(kept)
             self._queue = kept
             self._report_depth()
+            if self._observer is not None:
+                self._observer.items_dropped("cancelled", dropped)
+
+    def _estimate_s(self, batch: Sequence[_Entry[P, R]]) -> float:
+        return self._s_per_token * max(e.length for e in batch) * len(batch)
+
+    def _expire(self, batch: Sequence[_Entry[P, R]]) -> bool:
+        """Answer TIMEOUT, uncomputed, to the entries (of the queue, or of `batch` if it ran now) that
+        would finish after their deadline. Returns whether any was expired."""
+        now = time.perf_counter()
+        finish = now + self._estimate_s(batch)
+        in_batch = set(map(id, batch))
+        late = [
+            e
+            for e in self._queue
+            if e.deadline is not None and (e.deadline <= now or (id(e) in in_batch and e.deadline < finish))
+        ]
+        if not late:
+            return False
+        for entry in late:
+            if not entry.future.done():
+                entry.future.set_exception(
+                    ServeError(
+                        ErrorKind.TIMEOUT,
+                        "request timed out in the queue: it could not have been answered before "
+                        f"request_timeout_s (waited {now - entry.enqueued:.3f} s; the next batch takes "
+                        f"~{self._estimate_s(batch):.3f} s)",
+                    )
+                )
+        gone = set(map(id, late))
+        self._queue = [e for e in self._queue if id(e) not in gone]
+        self._report_depth()
+        if self._observer is not None:
+            self._observer.items_dropped("deadline", len(late))
+        return True
 
     async def _next_batch(self) -> list[_Entry[P, R]]:
         while True:
@@ -175,6 +241,8 @@ class Batcher(Generic[P, R]):
             waited = time.perf_counter() - self._queue[0].enqueued
             remaining = self.policy.max_queue_delay_s - waited
             if len(batch) >= self.policy.max_batch_size or budget_hit or remaining <= 0:
+                if self._expire(batch):
+                    continue  # re-plan without the expired entries
                 taken = set(map(id, batch))
                 self._queue = [e for e in self._queue if id(e) not in taken]
                 self._report_depth()
@@ -197,6 +265,8 @@ class Batcher(Generic[P, R]):
 
     async def _execute(self, batch: list[_Entry[P, R]]) -> None:
         live = [e for e in batch if not e.future.done()]  # cancelled while waiting: skip, not computed
+        if len(live) != len(batch) and self._observer is not None:
+            self._observer.items_dropped("cancelled", len(batch) - len(live))
         if not live:
             return
         start = time.perf_counter()
@@ -213,10 +283,14 @@ class Batcher(Generic[P, R]):
                     entry.future.set_exception(_fan_out_error(exc))
             return
         inference_s = time.perf_counter() - start
-        self._batch_s = inference_s if self._batch_s == 0 else 0.8 * self._batch_s + 0.2 * inference_s
+        padded = max(e.length for e in live) * len(live)
+        self._batch_s = _ema(self._batch_s, inference_s)
+        self._s_per_token = _ema(self._s_per_token, inference_s / padded)
+        orphaned = sum(e.future.done() for e in live)  # their request went away while the batch ran
         if self._observer is not None:
-            padded = max(e.length for e in live) * len(live)
             self._observer.batch_done(len(live), padded, inference_s)
+            if orphaned:
+                self._observer.items_orphaned(orphaned)
         for entry, value in zip(live, results, strict=True):
             if not entry.future.done():
                 entry.future.set_result(BatchResult(value, start - entry.enqueued, inference_s, len(live)))
@@ -224,6 +298,10 @@ class Batcher(Generic[P, R]):
     def _report_depth(self) -> None:
         if self._observer is not None:
             self._observer.queue_depth(len(self._queue))
+
+
+def _ema(average: float, sample: float) -> float:
+    return sample if average == 0 else 0.8 * average + 0.2 * sample
 
 
 def _fan_out_error(exc: Exception) -> ServeError:

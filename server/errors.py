@@ -6,11 +6,14 @@ only `server.app` turns a kind into a status code. Messages say what was wrong a
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 
 
 class ErrorKind(StrEnum):
     MALFORMED = "malformed_request"
+    REQUEST_TIMEOUT = "request_timeout"  # the client was too slow sending the request (408)
+    CLIENT_CLOSED = "client_disconnected"  # the client hung up; the answer goes nowhere (499)
     UNAUTHENTICATED = "unauthenticated"
     NOT_FOUND = "not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
@@ -26,16 +29,28 @@ class ErrorKind(StrEnum):
 HTTP_STATUS: dict[ErrorKind, int] = {
     ErrorKind.MALFORMED: 400,
     ErrorKind.UNAUTHENTICATED: 401,
+    ErrorKind.REQUEST_TIMEOUT: 408,
     ErrorKind.NOT_FOUND: 404,
     ErrorKind.METHOD_NOT_ALLOWED: 405,
     ErrorKind.TOO_LARGE: 413,
     ErrorKind.UNSUPPORTED_MEDIA_TYPE: 415,
     ErrorKind.INVALID_INPUT: 422,
     ErrorKind.QUEUE_FULL: 429,
+    # nginx's "client closed request": never seen by the client, but logs and metrics tell it apart.
+    ErrorKind.CLIENT_CLOSED: 499,
     ErrorKind.BACKEND_FAILURE: 500,
     ErrorKind.NOT_READY: 503,
     ErrorKind.TIMEOUT: 504,
 }
+
+
+# Pillow and the stdlib put object reprs in messages ("<_io.BytesIO object at 0x7f...>"): they say nothing
+# to a client and leak addresses, so error bodies replace them.
+_OBJECT_REPR = re.compile(r"<[\w.]+ object at 0x[0-9a-fA-F]+>")
+
+
+def clean_message(message: str) -> str:
+    return _OBJECT_REPR.sub("the data", message)
 
 
 def kind_for_status(status: int) -> ErrorKind:

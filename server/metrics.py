@@ -2,11 +2,27 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from importlib.metadata import PackageNotFoundError, version
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 _SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 _TOKEN_BUCKETS = tuple(2**k for k in range(4, 21))
+_LENGTH_BUCKETS = tuple(2**k for k in range(0, 17))
 
 
 class Metrics:
@@ -49,6 +65,70 @@ class Metrics:
             registry=r,
         )
         self.queue_depth = Gauge("lara_queue_depth", "Items waiting per model", ["model"], registry=r)
+        self.items_dropped = Counter(
+            "lara_items_dropped",
+            "Items removed from the queue without being computed: reason cancelled (client disconnected "
+            "or request timed out while queued) or deadline (could not finish before request_timeout_s)",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.items_orphaned = Counter(
+            "lara_items_orphaned",
+            "Items computed although their request had gone (disconnected or timed out mid-batch)",
+            ["model"],
+            registry=r,
+        )
+        self.model_ready = Gauge(
+            "lara_model_ready", "1 if the model serves, 0 if it failed to load (see the start-up log)", ["model"],
+            registry=r,
+        )  # fmt: skip
+        self.model_load_failures = Counter(
+            "lara_model_load_failures", "Models that failed to load or to pass the load-time check", ["model"],
+            registry=r,
+        )  # fmt: skip
+        self.connections_refused = Counter(
+            "lara_connections_refused", "Connections closed at once because max_connections were open", registry=r
+        )
+        self.client_timeouts = Counter(
+            "lara_client_timeouts",
+            "Connections closed because the client was too slow: phase header or body (408)",
+            ["phase"],
+            registry=r,
+        )
+        self.in_flight = Gauge("lara_requests_in_flight", "Inference requests being served now", registry=r)
+        self.draining = Gauge("lara_draining", "1 while the server drains after SIGTERM/SIGINT", registry=r)
+        self.input_length = Histogram(
+            "lara_input_length",
+            "Tokens per item the model ran on (text: UTF-8 bytes after truncation; image: 1)",
+            ["model"],
+            buckets=_LENGTH_BUCKETS,
+            registry=r,
+        )
+        self.item_time = Histogram(
+            "lara_item_seconds",
+            "Queue + inference time per item, by input length (label length: the power of two at or above it)",
+            ["model", "length"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        # The version of the server (the model versions are on lara_model_info), and the process's own
+        # CPU, memory, open files and GC, as every Prometheus client exports them by default.
+        Info("lara_build", "Server version", registry=r).info({"version": server_version()})
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
+
+    def observe_items(self, model: str, lengths: Sequence[int], seconds: Sequence[float]) -> None:
+        """Per item: its length, and its queue + inference time by length (the /ui latency-vs-length chart)."""
+        for length, s in zip(lengths, seconds, strict=True):
+            self.input_length.labels(model).observe(length)
+            bucket = next((b for b in _LENGTH_BUCKETS if length <= b), _LENGTH_BUCKETS[-1] * 2)
+            self.item_time.labels(model, str(bucket)).observe(s)
+
+    def track_models(self, served: Callable[[], Iterable[tuple[str, str, str, str]]]) -> None:
+        """lara_model_info{model, version, backend, task} = 1 for each model `served()` yields, read at scrape
+        time, so loads and unloads show without bookkeeping."""
+        self.registry.register(_ModelInfoCollector(served))
 
     def observer(self, model: str) -> ModelObserver:
         return ModelObserver(self, model)
@@ -71,3 +151,29 @@ class ModelObserver:
 
     def queue_depth(self, depth: int) -> None:
         self._metrics.queue_depth.labels(self._model).set(depth)
+
+    def items_dropped(self, reason: str, count: int) -> None:
+        self._metrics.items_dropped.labels(self._model, reason).inc(count)
+
+    def items_orphaned(self, count: int) -> None:
+        self._metrics.items_orphaned.labels(self._model).inc(count)
+
+
+def server_version() -> str:
+    try:
+        return version("lara-serve")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
+class _ModelInfoCollector(Collector):
+    def __init__(self, served: Callable[[], Iterable[tuple[str, str, str, str]]]) -> None:
+        self._served = served
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "lara_model_info", "1 per served model, with its version", labels=["model", "version", "backend", "task"]
+        )
+        for labels in self._served():
+            family.add_metric(list(labels), 1.0)
+        yield family

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from server.backends import Backend, create_backend
 from server.batcher import Batcher, BatchObserver, BatchPolicy, BatchResult
 from server.errors import ErrorKind, ServeError, not_found
 from server.metrics import Metrics
-from server.preprocess import Item, collate, image_item, softmax, text_item
+from server.preprocess import TRUNCATION_SIDES, DecodeBudget, Item, collate, image_item, softmax, text_item
 from server.repository import (
     ImagePreprocessing,
     ModelConfig,
@@ -42,6 +43,7 @@ class ServedModel:
         self.config = config
         self.backend = backend
         self.batcher: Batcher[Item, np.ndarray] = Batcher(config.name, self._run_batch, policy, observer)
+        self.decode_budget: DecodeBudget | None = None  # shared by the app's models (server.app)
 
     @property
     def name(self) -> str:
@@ -57,8 +59,13 @@ class ServedModel:
         return list(softmax(logits))
 
     async def classify(self, items: Sequence[Item], timeout_s: float) -> list[BatchResult[np.ndarray]]:
-        """Queue the items, wait for all of them; on timeout the unfinished ones are dropped (504)."""
-        futures = self.batcher.submit([(item, item.length) for item in items])
+        """Queue the items, wait for all of them; on timeout the unfinished ones are dropped (504).
+
+        Items that could not finish in time are answered 504 by the batcher before they are computed;
+        if this task is cancelled (the client disconnected), the queued items are dropped too.
+        """
+        deadline = time.perf_counter() + timeout_s
+        futures = self.batcher.submit([(item, item.length) for item in items], deadline=deadline)
         try:
             return list(await asyncio.wait_for(asyncio.gather(*futures), timeout=timeout_s))
         except TimeoutError:
@@ -67,25 +74,45 @@ class ServedModel:
             for future in futures:  # no-op for finished ones; the batcher skips the others
                 future.cancel()
 
-    def item_from_bytes(self, data: bytes, truncate: bool, max_image_pixels: int) -> Item:
+    def item_from_bytes(self, data: bytes, truncate: str | None, max_image_pixels: int) -> Item:
         prep = self.config.preprocessing
         if isinstance(prep, TextPreprocessing):
             return text_item(data, prep, truncate)
-        return image_item(data, prep, max_image_pixels)
+        return image_item(data, prep, max_image_pixels, self.decode_budget)
+
+    def check(self) -> None:
+        """One smallest item through the whole path: the model must load, run, and answer one finite row
+        per label. Runs at load even without warm-up, so a broken model is refused before ready."""
+        prep = self.config.preprocessing
+        if isinstance(prep, TextPreprocessing):
+            item = text_item(b"a", prep, "head")
+        else:
+            item = image_item(_blank_png(prep), prep, prep.width * prep.height)
+        expected = (1, len(self.config.labels))
+        try:
+            logits = self.backend.run(collate([item], self.config))
+        except Exception as exc:
+            raise RepositoryError(
+                f"model {self.name!r} failed its one-item load check (config.json lists {expected[1]} labels): {exc}"
+            ) from exc
+        if np.shape(logits) != expected:
+            raise RepositoryError(
+                f"model {self.name!r} outputs shape {list(np.shape(logits))} for one item, but config.json "
+                f"lists {expected[1]} labels (expected {list(expected)})"
+            )
+        if not np.isfinite(logits).all():
+            raise RepositoryError(f"model {self.name!r} outputs non-finite logits for a one-item check")
 
     def warmup(self) -> None:
         """Run the shapes a first request would, before the server reports ready."""
         prep = self.config.preprocessing
         if isinstance(prep, TextPreprocessing):
             items = [
-                text_item(b"warm up", prep, True),
-                text_item(b"w" * min(64, prep.max_length), prep, True),
+                text_item(b"warm up", prep, "head"),
+                text_item(b"w" * min(64, prep.max_length), prep, "head"),
             ]
         else:
-            assert isinstance(prep, ImagePreprocessing)
-            buffer = io.BytesIO()
-            Image.new("L", (prep.width, prep.height)).save(buffer, format="PNG")
-            items = [image_item(buffer.getvalue(), prep, prep.width * prep.height)] * 2
+            items = [image_item(_blank_png(prep), prep, prep.width * prep.height)] * 2
         self._run_batch(items)
 
     def v2_metadata(self) -> dict[str, Any]:
@@ -99,20 +126,40 @@ class ServedModel:
                 {"name": "probabilities", "datatype": "FP32", "shape": [-1, len(self.config.labels)]},
                 {"name": "label", "datatype": "BYTES", "shape": [-1]},
             ],
-            "parameters": {"task": self.config.task, "labels": self.config.labels},
+            "parameters": self.limits(),
         }
+
+    def limits(self) -> dict[str, Any]:
+        """What a client must know before sending: task, labels, and for text the longest input accepted
+        and the truncation sides it may ask for."""
+        out: dict[str, Any] = {"task": self.config.task, "labels": self.config.labels}
+        prep = self.config.preprocessing
+        if isinstance(prep, TextPreprocessing):
+            out["max_length"] = prep.max_length
+            out["truncation_sides"] = list(TRUNCATION_SIDES)
+        return out
 
     async def stop(self) -> None:
         await self.batcher.stop()
         self.backend.close()
 
 
+def _blank_png(prep: TextPreprocessing | ImagePreprocessing) -> bytes:
+    assert isinstance(prep, ImagePreprocessing)
+    buffer = io.BytesIO()
+    Image.new("L", (prep.width, prep.height)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
 class ModelRegistry:
     def __init__(self) -> None:
         self.models: dict[str, ServedModel] = {}
+        self.failed: dict[str, str] = {}  # name -> why it does not serve (strict_models=false)
 
     def get(self, name: str, version: str | None = None) -> ServedModel:
         model = self.models.get(name)
+        if model is None and name in self.failed:
+            raise ServeError(ErrorKind.NOT_READY, f"model {name!r} is not available: {self.failed[name]}")
         if model is None:
             raise not_found(f"unknown model {name!r}; available: {sorted(self.models)}")
         if version is not None and version != model.version:
@@ -130,18 +177,63 @@ def policy_from(settings: Settings) -> BatchPolicy:
     )
 
 
+class ModelLoadError(RuntimeError):
+    """strict_models: a model failed to load; start-up stops."""
+
+
 def load_models(settings: Settings, metrics: Metrics | None = None) -> dict[str, ServedModel]:
-    """Read configs, build backends, warm up. Blocking; raises on any unusable model (start-up fails)."""
+    """Every model or an exception (embedding, e.g. one Ray deployment per model)."""
+    return {
+        name: _load_one(name, Path(model_dir), settings, metrics)
+        for name, model_dir in discover(settings.model_repository, settings.models or None).items()
+    }
+
+
+def load_repository(
+    settings: Settings, metrics: Metrics | None = None
+) -> tuple[dict[str, ServedModel], dict[str, str]]:
+    """Read configs, build backends, check outputs, warm up. Blocking.
+
+    Returns (loaded models, name -> reason for each model that failed). A failing model does not stop the
+    others unless settings.strict_models, which raises ModelLoadError at the first failure.
+    """
     models: dict[str, ServedModel] = {}
+    failed: dict[str, str] = {}
     for name, model_dir in discover(settings.model_repository, settings.models or None).items():
-        config = read_config(model_dir)
-        if config.name != name:
-            raise RepositoryError(f"{model_dir}/config.json names the model {config.name!r}, not {name!r}")
-        backend = create_backend(settings.backend, Path(model_dir), config, settings.device, settings.num_threads)
-        observer = metrics.observer(name) if metrics is not None else None
-        model = ServedModel(config, backend, policy_from(settings), observer)
+        try:
+            models[name] = _load_one(name, Path(model_dir), settings, metrics)
+        except Exception as exc:  # any failure of one model's artifacts: isolate it
+            reason = _reason(exc)
+            if settings.strict_models:
+                raise ModelLoadError(f"model {name!r} failed to load (strict_models=true): {reason}") from exc
+            log.error("model %s failed to load and will not serve: %s", name, reason)
+            failed[name] = reason
+        if metrics is not None:
+            metrics.model_ready.labels(name).set(1 if name in models else 0)
+            if name in failed:
+                metrics.model_load_failures.labels(name).inc()
+    return models, failed
+
+
+def _load_one(name: str, model_dir: Path, settings: Settings, metrics: Metrics | None) -> ServedModel:
+    config = read_config(model_dir)
+    if config.name != name:
+        raise RepositoryError(f"{model_dir}/config.json names the model {config.name!r}, not {name!r}")
+    backend = create_backend(settings.backend, model_dir, config, settings.device, settings.num_threads)
+    observer = metrics.observer(name) if metrics is not None else None
+    model = ServedModel(config, backend, policy_from(settings), observer)
+    try:
+        model.check()
         if settings.warmup:
             model.warmup()
-        log.info("loaded %s v%s (%s, %s on %s)", name, config.version, config.task, backend.name, backend.device)
-        models[name] = model
-    return models
+    except Exception:
+        backend.close()
+        raise
+    log.info("loaded %s v%s (%s, %s on %s)", name, config.version, config.task, backend.name, backend.device)
+    return model
+
+
+def _reason(exc: BaseException) -> str:
+    """One line for logs and the ready route: backends may raise multi-line errors."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return f"{type(exc).__name__}: {text[:500]}"

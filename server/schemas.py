@@ -2,9 +2,30 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
+
+from server.errors import malformed
+
+B = TypeVar("B", bound=BaseModel)
+
+
+def parse_body(model: type[B], raw: bytes, expected: str) -> B:
+    """The one JSON body parser (v1, v2 JSON, v2 binary header): every bad body is a 400 (malformed).
+
+    Not JSON, not UTF-8, nested deeper than the parser's limit (255 levels; Python's json would raise
+    RecursionError instead), or the wrong shape: the message says what was expected and which fields
+    failed, without echoing the body.
+    """
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        raise malformed(f"{expected}: {short_errors(exc)}") from None
+
+
+def short_errors(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors(include_url=False)[:5])
 
 
 class _Body(BaseModel):
@@ -30,7 +51,9 @@ class V2RequestedOutput(_Body):
 class V2InferRequest(_Body):
     id: str | None = None
     parameters: dict[str, Any] = Field(
-        default_factory=dict, description="truncate: bool (cut long texts), binary_data_output: bool"
+        default_factory=dict,
+        description="truncate: false | true | head | tail | head+tail (what a long text keeps), "
+        "binary_data_output: bool",
     )
     inputs: list[V2Input] = Field(min_length=1)
     outputs: list[V2RequestedOutput] | None = None
@@ -60,7 +83,11 @@ class B64Instance(_Body):
 
 
 class V1Parameters(_Body):
-    truncate: StrictBool = Field(False, description="Cut texts longer than the model's max_length")
+    truncate: StrictBool | Literal["head", "tail", "head+tail"] = Field(
+        False,
+        description="Long texts: false = 413; true/head keeps the first max_length bytes, tail the last, "
+        "head+tail half of each",
+    )
     top_k: int | None = Field(None, ge=1, description="Labels in top_k (default: server's default_top_k)")
 
 
@@ -80,6 +107,7 @@ class Prediction(BaseModel):
     label: str
     score: float
     top_k: list[LabelScore]
+    truncated: bool = Field(False, description="The text was longer than max_length and was cut")
 
 
 class V1PredictResponse(BaseModel):

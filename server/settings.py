@@ -70,15 +70,79 @@ class Settings(BaseSettings):
     request_timeout_s: float = Field(
         30.0, gt=0.0, description="Queue + inference time after which a request gets 504 and is dropped."
     )
+    graceful_timeout_s: float = Field(
+        30.0,
+        ge=0.0,
+        le=3600.0,
+        description="On SIGTERM/SIGINT: readiness turns 503, new requests get 503, and accepted work may "
+        "finish for this long; then what is still queued gets 503 and the server exits. Keep it below "
+        "the orchestrator's grace period (Kubernetes: terminationGracePeriodSeconds minus preStop).",
+    )
+    max_connections: int = Field(
+        1000,
+        ge=1,
+        description="Open client connections; beyond it a new connection gets 503 and is closed at once. "
+        "Lowered at start-up to fit the process's open-file limit.",
+    )
+    keep_alive_timeout_s: float = Field(
+        5.0, gt=0.0, le=3600.0, description="An idle keep-alive connection is closed after this long."
+    )
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0.0,
+        le=3600.0,
+        description="Time a client has to send a request's line and headers (slow-header clients get "
+        "408 and are closed).",
+    )
+    body_timeout_s: float = Field(
+        60.0,
+        gt=0.0,
+        le=3600.0,
+        description="Time a client has to send a whole request body once its headers arrived (slow "
+        "uploads get 408). Size it for max_body_bytes over the slowest client link you accept.",
+    )
+    max_decode_pixels: int = Field(
+        2 * 4096 * 4096,
+        ge=1,
+        description="Pixels (width x height) of images being decoded at once, over all requests; more "
+        "wait. Bounds the memory a burst of large images can take; must be >= max_image_pixels.",
+    )
+    strict_models: bool = Field(
+        False,
+        description="true: any model that fails to load stops start-up (exit 1). false: it is reported "
+        "(log, /v2/models/<name>/ready 503 with the reason, lara_model_ready 0) and the others serve.",
+    )
     default_top_k: int = Field(5, ge=1, description="Labels returned in v1 `top_k` unless asked otherwise.")
     api_key: SecretStr | None = Field(
         None,
         description="If set, every route except health and docs needs `Authorization: Bearer <key>` "
         "or `X-API-Key: <key>`.",
     )
-    warmup: bool = Field(True, description="Run one batch per model before reporting ready.")
+    warmup: bool = Field(
+        True,
+        description="Run the shapes of a first request per model before reporting ready (slower start, "
+        "no slow first request). A one-item output check runs at load either way.",
+    )
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
         "info", description="uvicorn log level."
+    )
+    model_control: Literal["none", "explicit"] = Field(
+        "none",
+        description="explicit: POST /v2/repository/models/<name>/load|unload load and unload models at run "
+        "time (behind api_key when one is set; Triton's --model-control-mode). none: the models loaded at "
+        "start-up are fixed and those routes answer 400.",
+    )
+    metrics_auth: bool = Field(
+        True,
+        description="With api_key set, /metrics needs the key too. false serves /metrics without it (for a "
+        "scraper on a trusted network); the inference routes still need the key.",
+    )
+    metrics_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="If set, Prometheus metrics are also served on this port of the same host, without the "
+        "key (Triton's --metrics-port): a scraper needs no access to the inference port. 0: off.",
     )
 
     @field_validator("models", mode="before")
@@ -108,5 +172,12 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"request_timeout_s ({self.request_timeout_s}) must exceed max_queue_delay_ms "
                 f"({self.max_queue_delay_ms} ms): requests would time out while the batch fills"
+            )
+        if self.metrics_port and self.metrics_port == self.port:
+            raise ValueError(f"metrics_port ({self.metrics_port}) must differ from port ({self.port})")
+        if self.max_decode_pixels < self.max_image_pixels:
+            raise ValueError(
+                f"max_decode_pixels ({self.max_decode_pixels}) must be >= max_image_pixels "
+                f"({self.max_image_pixels}): the largest allowed image could never be decoded"
             )
         return self

@@ -14,10 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from pydantic import ValidationError
 
 from server.errors import invalid, malformed
-from server.schemas import V2InferRequest
+from server.schemas import V2InferRequest, parse_body
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 NUMERIC_DTYPES: dict[str, np.dtype] = {
@@ -60,10 +59,7 @@ def decode_request(body: bytes, header_length: int | None) -> DecodedRequest:
     if header_length is not None and header_length > len(body):
         raise malformed(f"{HEADER_LENGTH}={header_length} exceeds the body size {len(body)}")
     split = len(body) if header_length is None else header_length
-    try:
-        request = V2InferRequest.model_validate(json.loads(body[:split]))
-    except (ValueError, ValidationError) as exc:
-        raise malformed(f"body is not a valid v2 inference request (JSON header): {exc}") from None
+    request = parse_body(V2InferRequest, body[:split], "body is not a valid v2 inference request (JSON header)")
     blob, offset, tensors = memoryview(body)[split:], 0, []
     for spec in request.inputs:
         size = spec.parameters.get("binary_data_size")

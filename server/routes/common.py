@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import random
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 import numpy as np
 from fastapi import Depends, Request
+from starlette.requests import ClientDisconnect
 
 from server.batcher import BatchResult
 from server.errors import ErrorKind, ServeError
 from server.metrics import Metrics
 from server.models import ModelRegistry, ServedModel
+from server.preprocess import DecodeBudget
 from server.schemas import LabelScore, Prediction
 from server.settings import Settings
 
@@ -25,12 +30,39 @@ class AppState:
     settings: Settings
     metrics: Metrics = field(default_factory=Metrics)
     registry: ModelRegistry = field(default_factory=ModelRegistry)
-    ready: bool = False
+    started: bool = False  # the lifespan loaded the models
+    draining: bool = False  # SIGTERM/SIGINT: finish accepted work, take no new work
+    inflight: int = 0  # inference requests inside `track`
+    decode_budget: DecodeBudget = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.decode_budget = DecodeBudget(self.settings.max_decode_pixels)
+
+    @property
+    def ready(self) -> bool:
+        """Readiness: serving at least one model and not draining."""
+        return self.started and not self.draining and bool(self.registry.models)
 
     def model(self, name: str, version: str | None = None) -> ServedModel:
-        if not self.ready:
-            raise ServeError(ErrorKind.NOT_READY, "models are loading (or the server is stopping)", retry_after_s=1)
+        if self.draining:
+            raise ServeError(
+                ErrorKind.NOT_READY,
+                "server is shutting down; retry (another replica will answer)",
+                retry_after_s=random.randint(1, 3),
+            )
+        if not self.started:
+            raise ServeError(ErrorKind.NOT_READY, "models are loading", retry_after_s=random.randint(1, 3))
         return self.registry.get(name, version)
+
+
+@dataclass
+class ClientWatch:
+    """Per request, set by server.app's disconnect watcher: did the client hang up?"""
+
+    disconnected: bool = False
+
+
+client_watch: ContextVar[ClientWatch | None] = ContextVar("lara_client_watch", default=None)
 
 
 def get_state(request: Request) -> AppState:
@@ -58,20 +90,32 @@ def require_api_key(request: Request, state: State) -> None:
 
 @contextmanager
 def track(state: AppState, model: str) -> Iterator[None]:
-    """Count the request by outcome and time it (metrics)."""
+    """Count the request by outcome and time it (metrics); the drain waits for `state.inflight` to be 0."""
     start = time.perf_counter()
     outcome = "ok"
+    state.inflight += 1
+    state.metrics.in_flight.inc()
     try:
         yield
     except ServeError as exc:
         outcome = exc.kind.value
         raise
+    except ClientDisconnect:  # hung up while sending the body
+        outcome = ErrorKind.CLIENT_CLOSED.value
+        raise
+    except asyncio.CancelledError:
+        watch = client_watch.get()
+        outcome = ErrorKind.CLIENT_CLOSED.value if watch is not None and watch.disconnected else "cancelled"
+        raise
     except Exception:
         outcome = ErrorKind.BACKEND_FAILURE.value
         raise
     finally:
+        state.inflight -= 1
+        state.metrics.in_flight.dec()
         # Unknown names are user input: do not let them create unbounded label values.
-        label = model if model in state.registry.models else "_unknown"
+        known = model in state.registry.models or model in state.registry.failed
+        label = model if known else "_unknown"
         state.metrics.requests.labels(label, outcome).inc()
         state.metrics.request_time.labels(label).observe(time.perf_counter() - start)
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import httpx
 import numpy as np
@@ -33,3 +35,40 @@ def png_bytes(size: tuple[int, int] = (28, 28), seed: int = 0, fmt: str = "PNG")
     buffer = io.BytesIO()
     image.save(buffer, format=fmt)
     return buffer.getvalue()
+
+
+async def asgi_post(
+    app: Any, path: str, body: bytes, hang_up: asyncio.Event | None = None, *, complete: bool = True
+) -> dict[str, Any]:
+    """POST through the ASGI interface by hand (httpx's in-process transport cannot hang up or stall).
+
+    complete=True: the body is sent, then the client disconnects when `hang_up` is set (never if None).
+    complete=False: `body` arrives with more to come, then the client disconnects (hang_up None) or
+    stalls until `hang_up` is set. Returns {"status": int | None, "headers": dict, "body": bytes}.
+    """
+    sent: dict[str, Any] = {"status": None, "headers": {}, "body": b""}
+    delivered = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": not complete}
+        if not complete and hang_up is None:
+            return {"type": "http.disconnect"}
+        await (hang_up.wait() if hang_up is not None else asyncio.Event().wait())
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            sent["status"] = message["status"]
+            sent["headers"] = {k.decode().lower(): v.decode() for k, v in message.get("headers", [])}
+        else:
+            sent["body"] += message.get("body", b"")
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+             "headers": [(b"content-type", b"application/json"), (b"host", b"test")],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}  # fmt: skip
+    await app(scope, receive, send)
+    return sent

@@ -1,0 +1,176 @@
+"""uvicorn glue: drain on SIGTERM/SIGINT, a cap on open connections, and slow-client timeouts.
+
+Drain: the first signal turns readiness 503 and new inference requests 503 (JSON, Retry-After) while the
+listener stays open, so a load balancer sees the pod leave instead of refused connections; accepted
+requests finish (up to graceful_timeout_s), then uvicorn closes the listener and exits. Work still queued
+when the time is up is answered 503 JSON, never left for uvicorn to cancel into a plain-text 500. A
+second SIGINT (Ctrl+C twice) exits at once; a second SIGTERM ends the drain early.
+
+Connections (h11, the protocol uvicorn uses here): beyond max_connections a new connection gets a 503
+and is closed; a client gets header_timeout_s to send a request's headers (from connecting, or from the
+previous response) and is closed after that, with a 408 if it had started sending.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import resource
+import signal
+from http import HTTPStatus
+from types import FrameType
+from typing import Any
+
+import h11
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from server.errors import ErrorKind, ServeError
+from server.routes.common import AppState
+
+log = logging.getLogger(__name__)
+FD_RESERVE = 64  # descriptors kept for model files, logs, the listener and library threads
+SHUTDOWN_BACKSTOP_S = 5.0  # after the drain: responses still being written get this long
+
+
+def fit_connections(requested: int) -> int:
+    """max_connections that the open-file limit allows; raises the soft limit toward the hard one first."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = requested + FD_RESERVE
+    if needed > soft and (hard == resource.RLIM_INFINITY or hard > soft):
+        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    fitted = max(1, min(requested, soft - FD_RESERVE))
+    if fitted < requested:
+        log.warning("max_connections lowered from %d to %d to fit the open-file limit (%d)", requested, fitted, soft)
+    return fitted
+
+
+def raw_response(status: int, message: str, extra: dict[str, str] | None = None) -> bytes:
+    """A complete JSON error response written straight to a transport, for connections the app never sees."""
+    body = json.dumps({"error": message}).encode()
+    headers = {"content-type": "application/json", "content-length": str(len(body)), "connection": "close",
+               **(extra or {})}  # fmt: skip
+    head = f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    return head.encode() + b"\r\n" + body
+
+
+def guarded_protocol(state: AppState, max_connections: int) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with a connection cap and a header timeout (counted in state.metrics)."""
+    header_timeout_s = state.settings.header_timeout_s
+    metrics = state.metrics
+
+    class GuardedH11Protocol(H11Protocol):
+        _refused = False
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            if len(self.connections) >= max_connections:
+                self._refused = True
+                metrics.connections_refused.inc()
+                message = f"too many open connections (max_connections={max_connections}); retry"
+                transport.write(raw_response(503, message, {"retry-after": "1"}))
+                transport.close()
+                return
+            super().connection_made(transport)
+            self._arm_header_timer()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._refused:
+                return
+            self._disarm_header_timer()
+            super().connection_lost(exc)
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if self.conn.their_state is not h11.IDLE:  # the request line and headers are in
+                self._disarm_header_timer()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
+                self._arm_header_timer()  # the next request's headers get the same time
+
+        def _arm_header_timer(self) -> None:
+            self._disarm_header_timer()
+            self._header_timer = self.loop.call_later(header_timeout_s, self._header_timeout)
+
+        def _disarm_header_timer(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _header_timeout(self) -> None:
+            self._header_timer = None
+            waiting = self.cycle is None or self.cycle.response_complete
+            if self.transport.is_closing() or self.conn.their_state is not h11.IDLE or not waiting:
+                return
+            if self.conn.trailing_data[0]:  # it started a request and is too slow: say why
+                metrics.client_timeouts.labels("header").inc()
+                message = f"request headers not received within header_timeout_s={header_timeout_s:g}"
+                self.transport.write(raw_response(408, message))
+            self.transport.close()
+
+    return GuardedH11Protocol
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, state: AppState) -> None:
+        super().__init__(config)
+        self.state = state
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain: asyncio.Task[None] | None = None
+
+    async def startup(self, sockets: Any = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().startup(sockets=sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.state.draining or self._loop is None or not self.state.started:
+            return super().handle_exit(sig, frame)  # second signal, or not serving yet: uvicorn's way
+        self._captured_signals.append(sig)  # uvicorn re-raises it after shutdown (exit status)
+        self.state.draining = True  # readiness 503 and new requests 503 from now on
+        self.state.metrics.draining.set(1)
+        log.info("%s: draining (%d requests in flight)", signal.Signals(sig).name, self.state.inflight)
+        self._loop.call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self) -> None:
+        self._drain = asyncio.get_running_loop().create_task(self.drain(), name="lara-drain")
+
+    async def drain(self) -> None:
+        """Wait for accepted requests, then let uvicorn shut down."""
+        graceful_s = self.state.settings.graceful_timeout_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + graceful_s
+        while self.state.inflight and loop.time() < deadline and not self.should_exit:
+            await asyncio.sleep(0.05)
+        if self.state.inflight:
+            error = ServeError(
+                ErrorKind.NOT_READY, "server shut down before this request was computed", retry_after_s=1
+            )
+            failed = sum(m.batcher.fail_queued(error) for m in self.state.registry.models.values())
+            log.warning("graceful_timeout_s=%g exceeded: %d queued items answered 503", graceful_s, failed)
+            backstop = loop.time() + SHUTDOWN_BACKSTOP_S  # running batches finish and answer
+            while self.state.inflight and loop.time() < backstop:
+                await asyncio.sleep(0.05)
+        log.info("drained; shutting down")
+        self.should_exit = True
+
+
+def build_server(app: Any, state: AppState) -> DrainingServer:
+    settings = state.settings
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        http=guarded_protocol(state, fit_connections(settings.max_connections)),
+        timeout_keep_alive=settings.keep_alive_timeout_s,  # type: ignore[arg-type]
+        timeout_graceful_shutdown=int(SHUTDOWN_BACKSTOP_S),
+    )
+    return DrainingServer(config, state)
