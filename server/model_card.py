@@ -15,8 +15,10 @@ from server.repository import ImagePreprocessing, TextPreprocessing
 
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/webp", "image/bmp", "image/gif")
 TEXT_TYPES = ("text/plain",)
-# Besides its own media types, :classify takes a multipart upload and raw bytes whose kind is sniffed.
-ANY_TYPES = ("multipart/form-data", "application/octet-stream")
+# Besides its own media types, :classify takes a multipart upload, raw bytes whose kind is sniffed, and an
+# HTML form's text fields.
+ANY_TYPES = ("multipart/form-data", "application/octet-stream", "application/x-www-form-urlencoded")
+FORM_TYPES = (ANY_TYPES[0], ANY_TYPES[2])
 
 # What each shipped kind of model was trained on, so a user knows what input gives a meaningful answer.
 _SUITS = {
