@@ -166,7 +166,8 @@ def main() -> int:
     parser.add_argument("--concurrency", default="1,8")
     parser.add_argument("--requests", type=int, default=24, help="per cell, at most")
     parser.add_argument("--seconds", type=float, default=15.0, help="per cell, at most (in-flight ones finish)")
-    parser.add_argument("--max-p50-ms", type=float, default=5000.0, help="per-cell time limit (see above)")
+    parser.add_argument("--max-p50-ms", type=float, default=20000.0, help="per-cell time limit (see above)")
+    parser.add_argument("--budget-s", type=float, default=720.0, help="whole sweep; later cells are skipped")
     parser.add_argument("--threads", type=int, default=0, help="server intra-op threads (0: library default)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "lara_vs_exact")
     args = parser.parse_args()
@@ -190,7 +191,7 @@ def main() -> int:
             plan = SweepPlan(targets=targets, groups=[synthetic_text(n) for n in lengths],
                              points=[LoadPoint.closed(int(c)) for c in args.concurrency.split(",")],
                              requests=args.requests, seconds=args.seconds, timeout_s=900.0, warmup=1,
-                             max_p50_ms=args.max_p50_ms)  # fmt: skip
+                             max_p50_ms=args.max_p50_ms, budget_s=args.budget_s)  # fmt: skip
             cells = asyncio.run(run_sweep(plan))
 
     settings = {
@@ -203,6 +204,7 @@ def main() -> int:
         "requests_per_cell": args.requests,
         "seconds_per_cell": args.seconds,
         "max_p50_ms": args.max_p50_ms,
+        "budget_s": args.budget_s,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
         "variant": names,
     }

@@ -98,6 +98,7 @@ def build_parser(prog: str = "python -m clients loadtest") -> argparse.ArgumentP
     load.add_argument("--warmup", type=int, default=2, help="unrecorded requests per model, route and input")
     load.add_argument("--max-p50-ms", type=float, default=None,
                       help="skip longer inputs for a model and load once a cell's p50 exceeds this")  # fmt: skip
+    load.add_argument("--budget-s", type=float, default=None, help="whole run: later cells are skipped, saying so")
     load.add_argument("--seed", type=int, default=0, help="open-loop arrival schedule")
     inputs = p.add_argument_group("inputs (default: --lengths 1K,4K for text models, noise PNGs for image models)")
     inputs.add_argument("--lengths", type=_sizes, default=None, help="synthetic texts of these byte lengths")
@@ -194,6 +195,7 @@ def _settings(args: argparse.Namespace, argv: Sequence[str], plan: SweepPlan) ->
         "timeout_s": plan.timeout_s,
         "warmup": plan.warmup,
         "max_p50_ms": plan.max_p50_ms,
+        "budget_s": plan.budget_s,
         "truncate": plan.truncate,
         "seed": plan.seed,
         "client": {"python": platform.python_version(), "cpus": os.cpu_count(), "machine": platform.machine()},
@@ -216,7 +218,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m clients loadt
         plan = SweepPlan(targets=targets, groups=_groups(args, targets[0].task, notes), points=points,
                          routes=args.route or ["predict"], requests=args.requests, seconds=args.seconds,
                          timeout_s=args.timeout, api_key=args.api_key, truncate=args.truncate, warmup=args.warmup,
-                         max_p50_ms=args.max_p50_ms, seed=args.seed, progress=args.progress)  # fmt: skip
+                         max_p50_ms=args.max_p50_ms, budget_s=args.budget_s, seed=args.seed, progress=args.progress)  # fmt: skip
         check_plan(plan)
     except (InputError, ValueError) as exc:
         parser.print_usage(sys.stderr)

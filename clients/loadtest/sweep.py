@@ -1,15 +1,17 @@
 """A sweep: every target x route x input group x load point, warmed up, bounded, with live progress.
 
-Order: for each target and route, input groups in the given order, each at every load point. A group
-the server refuses as too large (413 during warm-up) is skipped with the server's reason; with
+Order: for each route and input group (in the given order), every target at every load point: the
+models compared at one length run minutes apart at most, so a machine whose load drifts affects both
+alike. A group the server refuses as too large (413 during warm-up) is skipped with the server's reason; with
 `max_p50_ms`, once a (target, route) cell is slower than that, longer inputs at that load and heavier
 loads at that length or longer are skipped for it (how exact attention is kept from running for hours
-at 64 KB).
+at 64 KB). With `budget_s`, cells that would start after the budget is spent are skipped, saying so.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -39,6 +41,7 @@ class SweepPlan:
     truncate: bool = False
     warmup: int = 2  # unrecorded requests per (target, route, input) before its cells
     max_p50_ms: float | None = None
+    budget_s: float | None = None  # whole sweep; the cell running when it ends still finishes
     seed: int = 0
     progress: bool | None = None  # live progress bars; None: only when stderr is a terminal
 
@@ -107,10 +110,14 @@ async def run_sweep(plan: SweepPlan, log: Callable[[str], None] | None = None) -
         cells.append(cell)
         log(f"[{len(cells)}/{total}] " + _summary_line(cell))
 
+    slow: dict[tuple[str, str], list[_TooSlow]] = {}  # (target, route) -> its cells over max_p50_ms
+    deadline = time.monotonic() + plan.budget_s if plan.budget_s is not None else None
     try:
-        for target in plan.targets:
-            for route in plan.routes:
-                await _sweep_route(plan, clients[target.url], target, route, record)
+        for route in plan.routes:
+            for group in plan.groups:
+                for target in plan.targets:
+                    marks = slow.setdefault((target.label, route), [])
+                    await _sweep_group(plan, clients[target.url], target, route, group, marks, deadline, record)
     finally:
         for client in clients.values():
             await client.aclose()
@@ -132,25 +139,37 @@ def _slow_reason(slow: list[_TooSlow], group: InputGroup, point: LoadPoint) -> s
     return None
 
 
-async def _sweep_route(
-    plan: SweepPlan, client: httpx.AsyncClient, target: Target, route: Route, record: Callable[[Cell], None]
+async def _sweep_group(
+    plan: SweepPlan,
+    client: httpx.AsyncClient,
+    target: Target,
+    route: Route,
+    group: InputGroup,
+    slow: list[_TooSlow],
+    deadline: float | None,
+    record: Callable[[Cell], None],
 ) -> None:
-    slow: list[_TooSlow] = []
-    for group in plan.groups:
-        requests = [prepare(route, target.model, p, plan.truncate) for p in group.payloads]
-        too_large = None
-        if any(_slow_reason(slow, group, point) is None for point in plan.points):  # no warm-up for nothing
-            too_large = await _warm_up(client, requests, plan.warmup)
-        for point in plan.points:
-            reason = too_large or _slow_reason(slow, group, point)
-            if reason:
-                record(skipped_cell(target, route, group, point, reason))
-                continue
-            cell = await _one_cell(plan, client, target, route, group, point, requests)
-            record(cell)
-            if plan.max_p50_ms is not None and (cell.p50_ms is None or cell.p50_ms > plan.max_p50_ms):
-                why = f"p50 {cell.p50_ms} ms at {cell.input} {cell.load} exceeded the limit of {plan.max_p50_ms:g} ms"
-                slow.append(_TooSlow(group.mean_bytes, point, why))
+    """One target, route and input at every load point; `slow` collects this target's cells over the limit."""
+
+    def reason_to_skip(point: LoadPoint) -> str | None:
+        if deadline is not None and time.monotonic() > deadline:
+            return f"the sweep's time budget of {plan.budget_s:g} s was spent"
+        return _slow_reason(slow, group, point)
+
+    requests = [prepare(route, target.model, p, plan.truncate) for p in group.payloads]
+    too_large = None
+    if any(reason_to_skip(point) is None for point in plan.points):  # no warm-up for nothing
+        too_large = await _warm_up(client, requests, plan.warmup)
+    for point in plan.points:
+        reason = too_large or reason_to_skip(point)
+        if reason:
+            record(skipped_cell(target, route, group, point, reason))
+            continue
+        cell = await _one_cell(plan, client, target, route, group, point, requests)
+        record(cell)
+        if plan.max_p50_ms is not None and (cell.p50_ms is None or cell.p50_ms > plan.max_p50_ms):
+            why = f"p50 {cell.p50_ms} ms at {cell.input} {cell.load} exceeded the limit of {plan.max_p50_ms:g} ms"
+            slow.append(_TooSlow(group.mean_bytes, point, why))
 
 
 async def _one_cell(

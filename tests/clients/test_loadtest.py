@@ -194,3 +194,6 @@ def test_time_limit_skips_longer_inputs_and_heavier_loads(url: str, tmp_path: Pa
     assert [(c["input"], c["load"], c["skipped"] is None) for c in cells] == [
         ("16 B", "c=1", True), ("16 B", "c=2", False), ("64 B", "c=1", False), ("64 B", "c=2", False)]  # fmt: skip
     assert all("exceeded the limit" in c["skipped"] for c in cells[1:])
+    assert run(url, "--model", "tiny-text", "--lengths", "16", "--budget-s", "0", "--out", str(tmp_path)) == 0
+    cells = strict_json(tmp_path / "report.json")["cells"]
+    assert len(cells) == 2 and all("time budget" in c["skipped"] for c in cells)
