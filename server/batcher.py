@@ -102,6 +102,7 @@ class Batcher(Generic[P, R]):
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"batch-{name}")
         self._batch_s = 0.0  # moving average of batch time, for Retry-After
         self._s_per_token = 0.0  # moving average of batch time / padded tokens, for deadlines
+        self._running: set[int] = set()  # ids of the futures whose items are being computed now
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -132,6 +133,10 @@ class Batcher(Generic[P, R]):
     @property
     def depth(self) -> int:
         return len(self._queue)
+
+    def running(self, future: asyncio.Future[BatchResult[R]]) -> bool:
+        """Is this item being computed now (no longer cancellable without wasting the work)?"""
+        return id(future) in self._running
 
     # -- producer side -------------------------------------------------------------------------------
 
@@ -270,6 +275,7 @@ class Batcher(Generic[P, R]):
         if not live:
             return
         start = time.perf_counter()
+        self._running = {id(e.future) for e in live}
         try:
             results = await asyncio.get_running_loop().run_in_executor(
                 self._executor, self._run_batch, [e.payload for e in live]
@@ -277,11 +283,13 @@ class Batcher(Generic[P, R]):
             if len(results) != len(live):
                 raise RuntimeError(f"run_batch returned {len(results)} results for {len(live)} items")
         except Exception as exc:
+            self._running = set()
             log.warning("batcher %s: batch of %d failed: %r", self.name, len(live), exc)
             for entry in live:
                 if not entry.future.done():
                     entry.future.set_exception(_fan_out_error(exc))
             return
+        self._running = set()
         inference_s = time.perf_counter() - start
         padded = max(e.length for e in live) * len(live)
         self._batch_s = _ema(self._batch_s, inference_s)

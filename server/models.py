@@ -59,17 +59,20 @@ class ServedModel:
         return list(softmax(logits))
 
     async def classify(self, items: Sequence[Item], timeout_s: float) -> list[BatchResult[np.ndarray]]:
-        """Queue the items, wait for all of them; on timeout the unfinished ones are dropped (504).
+        """Queue the items and wait for all of them.
 
-        Items that could not finish in time are answered 504 by the batcher before they are computed;
-        if this task is cancelled (the client disconnected), the queued items are dropped too.
+        The timeout covers waiting, as Triton's queue policy does: items still queued when it passes, or
+        that the batcher estimates could not finish by then, get 504 and are never computed; items
+        already being computed finish and are answered, since dropping them would waste the work. If
+        this task is cancelled (the client disconnected), its queued items are dropped.
         """
         deadline = time.perf_counter() + timeout_s
         futures = self.batcher.submit([(item, item.length) for item in items], deadline=deadline)
         try:
-            return list(await asyncio.wait_for(asyncio.gather(*futures), timeout=timeout_s))
-        except TimeoutError:
-            raise ServeError(ErrorKind.TIMEOUT, f"request took longer than request_timeout_s={timeout_s:g} s") from None
+            _, pending = await asyncio.wait(futures, timeout=timeout_s, return_when=asyncio.FIRST_EXCEPTION)
+            if pending and not all(self.batcher.running(f) for f in pending):
+                raise ServeError(ErrorKind.TIMEOUT, f"request waited longer than request_timeout_s={timeout_s:g} s")
+            return list(await asyncio.gather(*futures))
         finally:
             for future in futures:  # no-op for finished ones; the batcher skips the others
                 future.cancel()

@@ -32,6 +32,10 @@ from server.routes.common import AppState
 log = logging.getLogger(__name__)
 FD_RESERVE = 64  # descriptors kept for model files, logs, the listener and library threads
 SHUTDOWN_BACKSTOP_S = 5.0  # after the drain: responses still being written get this long
+# At the final shutdown an idle connection may have a request on its way (a client that just connected,
+# or reused a keep-alive connection): closing at once would drop it unanswered, so it gets this long to
+# arrive and be answered with the drain's 503.
+IDLE_LINGER_S = 0.5
 
 
 def fit_connections(requested: int) -> int:
@@ -95,6 +99,16 @@ def guarded_protocol(state: AppState, max_connections: int) -> type[H11Protocol]
             super().on_response_complete()
             if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
                 self._arm_header_timer()  # the next request's headers get the same time
+
+        def shutdown(self) -> None:
+            if self.cycle is None or self.cycle.response_complete:
+                self.loop.call_later(IDLE_LINGER_S, self._shutdown_now)
+            else:
+                super().shutdown()  # a response is under way: close after it
+
+        def _shutdown_now(self) -> None:
+            if not self.transport.is_closing():
+                super().shutdown()
 
         def _arm_header_timer(self) -> None:
             self._disarm_header_timer()

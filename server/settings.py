@@ -68,7 +68,10 @@ class Settings(BaseSettings):
         4096 * 4096, ge=1, description="Largest decoded image (width x height); larger ones get 413."
     )
     request_timeout_s: float = Field(
-        30.0, gt=0.0, description="Queue + inference time after which a request gets 504 and is dropped."
+        30.0,
+        gt=0.0,
+        description="Longest wait for a request's items to start computing (and for the batcher's estimate "
+        "of their finish): items still queued then get 504 and are never computed; running ones finish.",
     )
     graceful_timeout_s: float = Field(
         30.0,

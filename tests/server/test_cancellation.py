@@ -105,8 +105,9 @@ async def test_timed_out_requests_are_answered_504_and_never_computed(
                 for _ in range(4)]  # fmt: skip
         answers = await asyncio.gather(*late)  # each times out while the backend is held
         backend.gate.set()
-        await first
+        held = await first
         await asyncio.sleep(0.1)
+    assert held["status"] == 200  # already computing at its timeout: it finishes and is answered
     assert [a["status"] for a in answers] == [504] * 4
     assert b"request_timeout_s" in answers[0]["body"]
     assert backend.batches == [1]  # the 8 timed-out items never reached the backend
