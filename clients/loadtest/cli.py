@@ -21,7 +21,6 @@ from urllib.parse import urlparse
 
 import httpx
 
-from clients.loadtest.charts import write_charts
 from clients.loadtest.inputs import (
     BUILTIN_KINDS,
     InputError,
@@ -232,7 +231,12 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m clients loadt
     print(format_table(cells))
     if args.out:
         written = [write_json(report, args.out / "report.json"), write_csv(cells, args.out / "report.csv")]
-        written += write_charts(cells, args.out)
+        try:
+            from clients.loadtest.charts import write_charts
+        except ImportError as exc:  # matplotlib is in the [loadtest] extra
+            print(f"warning: no charts ({exc}); pip install 'lara-serve[loadtest]'", file=sys.stderr)
+        else:
+            written += write_charts(cells, args.out)
         print("wrote " + ", ".join(str(p) for p in written), file=sys.stderr)
     if report.failures:
         print(f"FAILED: error rate above {args.fail_on_error_rate:g} in {len(report.failures)} cell(s):",

@@ -14,9 +14,9 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
-from tqdm import tqdm
 
 from clients.loadtest.inputs import InputError, InputGroup, kind_hint
 from clients.loadtest.protocol import PreparedRequest, Route, prepare, unsupported_reason
@@ -182,7 +182,7 @@ async def _one_cell(
     requests: list[PreparedRequest],
 ) -> Cell:
     desc = f"{target.label} {route} {group.name} {point.label}"
-    with tqdm(total=plan.requests, desc=desc, unit="req", leave=False, disable=not _progress(plan)) as bar:
+    with _bar(plan, desc) as bar:
         errors = 0
 
         def on_done(sample: Sample) -> None:
@@ -194,6 +194,32 @@ async def _one_cell(
 
         run = await run_cell(client, requests, point, plan.requests, plan.seconds, plan.seed, on_done)
     return summarize(target, route, group, point, run)
+
+
+class _NoBar:
+    """Stands in for tqdm when progress is off or tqdm is not installed (it is in the [loadtest] extra)."""
+
+    def __enter__(self) -> _NoBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def update(self, n: int) -> None:
+        return None
+
+    def set_postfix(self, **kwargs: Any) -> None:
+        return None
+
+
+def _bar(plan: SweepPlan, desc: str) -> Any:
+    if not _progress(plan):
+        return _NoBar()
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _NoBar()
+    return tqdm(total=plan.requests, desc=desc, unit="req", leave=False)
 
 
 def _summary_line(cell: Cell) -> str:
