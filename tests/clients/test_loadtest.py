@@ -159,9 +159,17 @@ def test_errors_are_counted_not_averaged(url: str, tmp_path: Path, capsys: pytes
     assert [c["input"] for c in skipped] == ["200 B"] and "413" in skipped[0]["skipped"]
 
 
-def test_builtin_sets(url: str) -> None:
+def test_builtin_sets(url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert run(url, "--model", "tiny-image", "--set", "fashion", "--concurrency", "2") == 0
     assert run(url, "--model", "tiny-text", "--set", "bbc", "--truncate", "--concurrency", "2") == 0
+    # A corpus that is not there skips that set, says so, and keeps the rest of the run.
+    monkeypatch.setenv("LARA_BROWN_DIR", str(tmp_path / "no-brown-here"))
+    out = tmp_path / "out"
+    assert run(url, "--model", "tiny-text", "--lengths", "32", "--set", "brown", "--concurrency", "1",
+               "--out", str(out)) == 0  # fmt: skip
+    report = strict_json(out / "report.json")
+    assert any("skipped set 'brown'" in note for note in report["notes"])
+    assert [c["input"] for c in report["cells"]] == ["32 B"]
 
 
 def test_cli_subcommand_honours_environment(url: str, tmp_path: Path) -> None:
