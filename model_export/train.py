@@ -46,7 +46,7 @@ DATA_DESCRIPTION = {
 # seen in training; ~24K tokens per batch keeps the step cost flat across lengths.
 LENGTH_MIX: dict[str, dict[str, Any]] = {
     "news": {"min_length": 256, "max_length": 8192, "composite_prob": 0.15, "tokens_per_batch": 24576},
-    "brown": {"min_length": 512, "max_length": 16384, "composite_prob": 0.0, "tokens_per_batch": 32768},
+    "brown": {"min_length": 256, "max_length": 4096, "composite_prob": 0.0, "tokens_per_batch": 16384},
 }
 # Per-epoch validation at several lengths (truncations of the holdout, and composites for news).
 LENGTH_EVAL: dict[str, dict[str, Any]] = {
@@ -74,6 +74,16 @@ def _save_ckpt(ckpt: Path, model: nn.Module, opt: torch.optim.Optimizer, sched: 
     # Optimizer state is pickled ONLY here, in the resume checkpoint outside the repository.
     torch.save({"opt": opt.state_dict(), "sched": sched.state_dict()}, ckpt / "optim.pt")
     (ckpt / "state.json").write_text(json.dumps(state, indent=2))
+
+
+def _init_from(model: nn.Module, model_dir: Path) -> None:
+    """Copy every tensor of model_dir's weights whose name and shape match; report what was kept fresh."""
+    source = load_file(str(model_dir / "1" / "model.safetensors"))
+    own = model.state_dict()
+    taken = {k: v for k, v in source.items() if k in own and own[k].shape == v.shape}
+    model.load_state_dict(taken, strict=False)
+    fresh = sorted(set(own) - set(taken))
+    print(f"initialized {len(taken)}/{len(own)} tensors from {model_dir}; fresh: {fresh}", flush=True)
 
 
 def _length_eval(model: nn.Module, dataset: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -113,6 +123,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--label-smoothing", type=float, default=None)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--init-from",
+        default=None,
+        help="model directory whose weights start this run (transfer); tensors whose name or shape differ "
+        "(e.g. the classifier head) keep their fresh initialization",
+    )
     p.add_argument("--no-test", action="store_true", help="skip the final test-set evaluation")
     p.add_argument("--override", default="{}", help='JSON model config overrides, e.g. {"depth": 2}')
     return p.parse_args(argv)
@@ -132,6 +148,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     cfg = get_config(args.model, **overrides)
     torch.manual_seed(args.seed)
     model = build_model(cfg, seed=args.seed)
+    if args.init_from:
+        _init_from(model, Path(args.init_from))
     out = Path(args.out or f"runs/{args.model}-{cfg.attention.kind}")
     ckpt = Path(args.run_dir or f"runs/ckpt/{out.name}")
 
