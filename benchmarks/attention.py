@@ -2,6 +2,10 @@
 
     python -m benchmarks.attention            # CPU sweep N = 1K..64K, writes results/attention.{json,png}
     python -m benchmarks.attention --quick    # N = 1K..8K only, fewer repeats
+    python -m benchmarks.attention --sizes 8192 32768 --out attention_targets.json   # the issue's targets
+
+lara_op is the public function with the automatic backend (on CPU the compiled kernel of
+kernels/csrc/ when it builds); lara_torch is the blocked PyTorch path it falls back to.
 
 Shapes follow the issue: B=1, H=4, D=64, C=64 landmarks (chunk means), fp32. Softmax is torch SDPA.
 Speed targets are read as ratios within one run (these machines are shared and noisy).
@@ -43,7 +47,10 @@ def _methods(n: int):
     q, k, v, ql, kl = _inputs(n)
     proj = orthogonal_gaussian_projection(H, C, D, torch.Generator().manual_seed(1)).float()
     methods = {
+        # lara_op: the public function, automatic backend (the compiled kernel on CPU when it builds)
         "lara_op": lambda: kernels.lara_attention(q, k, v, ql, kl),
+        # lara_torch: the blocked PyTorch path it replaced (and still falls back to)
+        "lara_torch": lambda: kernels.lara_attention(q, k, v, ql, kl, backend="torch"),
         "lara_reference": lambda: lara_attention_ref(q, k, v, ql, kl),
         "performer": lambda: kernels.performer_attention(q, k, v, proj),
     }
@@ -141,7 +148,15 @@ def _lookup(rows: list[dict], method: str, n: int, key: str = "seconds") -> floa
 def targets(rows: list[dict], gflops: float) -> dict:
     t8, t32 = _lookup(rows, "lara_op", 8192), _lookup(rows, "lara_op", 32768)
     sdpa8 = _lookup(rows, "softmax_sdpa", 8192)
-    out: dict = {"matmul_gflops": gflops}
+    out: dict = {"matmul_gflops": gflops, "lara_op_backend": _lara_backend()}
+    for n in (8192, 32768):
+        torch_t, op_t = _lookup(rows, "lara_torch", n), _lookup(rows, "lara_op", n)
+        if torch_t and op_t:
+            out[f"speedup_vs_lara_torch_at_{n}"] = torch_t / op_t
+        mem = _lookup(rows, "lara_op", n, "peak_extra_mib")
+        if mem is not None:
+            out[f"lara_op_extra_mib_at_{n}"] = mem
+            out[f"size_of_q_mib_at_{n}"] = B * H * n * D * 4 / 2**20
     if t8 and sdpa8:
         out["speedup_vs_sdpa_at_8192"] = sdpa8 / t8
     if t8 and t32:
@@ -155,6 +170,11 @@ def targets(rows: list[dict], gflops: float) -> dict:
         (n0, m0), (n1, m1) = mems[-2], mems[-1]
         out["lara_memory_mib_per_doubling"] = {"from": [n0, m0], "to": [n1, m1], "ratio": m1 / max(m0, 1e-9)}
     return out
+
+
+def _lara_backend() -> str:
+    q, k, v, ql, kl = _inputs(64)
+    return kernels.describe_backends(q, k, v, ql, kl)["chosen"]
 
 
 def plot(rows: list[dict], path) -> None:
@@ -185,10 +205,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="N = 1K..8K and short timing budgets")
     parser.add_argument("--max-n", type=int, default=65536, help="largest sequence length of the sweep")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: library default)")
+    parser.add_argument("--sizes", type=int, nargs="+", help="explicit sequence lengths (overrides the sweep)")
+    parser.add_argument("--out", default="attention.json", help="file name under benchmarks/results/")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    sizes = [2**p for p in range(10, 17) if 2**p <= (8192 if args.quick else args.max_n)]
+    sizes = args.sizes or [2**p for p in range(10, 17) if 2**p <= (8192 if args.quick else args.max_n)]
     budget = 0.3 if args.quick else 1.0
 
     gflops_before = matmul_gflops()
@@ -198,8 +220,9 @@ def main() -> None:
     summary = targets(rows, gflops)
     payload = {"config": {"B": B, "H": H, "D": D, "C": C, "dtype": "float32", "sizes": sizes}, "env": environment()}
     payload |= {"speed": rows, "approximation": approx, "targets": summary}
-    path = write_json("attention.json", payload)
-    plot(rows, RESULTS / "attention.png")
+    path = write_json(args.out, payload)
+    png = RESULTS / args.out.replace(".json", ".png")
+    plot(rows, png)
 
     methods = sorted({r["method"] for r in rows})
     table = [[n] + [_lookup(rows, m, n) and _lookup(rows, m, n) * 1e3 for m in methods] for n in sizes]
@@ -216,7 +239,7 @@ def main() -> None:
     print()
     for key, value in summary.items():
         print(f"{key}: {value}")
-    print(f"wrote {path} and {RESULTS / 'attention.png'}")
+    print(f"wrote {path} and {png}")
 
 
 if __name__ == "__main__":

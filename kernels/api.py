@@ -79,7 +79,8 @@ def lara_attention(
     key_padding_mask: [B, N] bool, True = padding. alpha_coeff: lambda of the mis-opt weighting.
     noise: None for eval (each sample at its proposal mean, deterministic), or [B or 1, H, C, D]
     raw-space noise added to the means (fresh in training, a fixed buffer for fixed-noise eval).
-    backend: None picks automatically (Triton on CUDA, PyTorch elsewhere); "triton" / "torch" force one.
+    backend: None picks automatically (Triton on CUDA; on CPU the compiled kernel, else PyTorch);
+    "triton" / "cpu_fused" / "torch" force one.
     Returns [B, H, N, D] in q's dtype; cost is linear in N.
     """
     _check_qkv(q, k, v, key_padding_mask)

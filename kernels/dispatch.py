@@ -14,6 +14,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from kernels import _cpu_fused
 from kernels._cpu import lara_forward_cpu
 
 
@@ -76,7 +77,8 @@ class Backend:
 
 
 class TorchBackend(Backend):
-    """Blocked PyTorch (`kernels/_cpu.py`): any device, O(N*C) extra memory. The CPU default."""
+    """Blocked PyTorch (`kernels/_cpu.py`): any device and dtype, O(N*C) extra memory, differentiable.
+    The CPU fallback when the compiled kernel is unavailable (and for float64)."""
 
     name = "torch"
     dtypes = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
@@ -84,6 +86,31 @@ class TorchBackend(Backend):
     @classmethod
     def forward(cls, inputs: LaraInputs) -> Tensor:
         return lara_forward_cpu(*inputs.as_args())
+
+
+class CpuFusedBackend(Backend):
+    """Compiled C++ kernel (`kernels/csrc/`, loaded by `kernels/_cpu_fused.py`): CPU, streams keys with
+    an online softmax, O(N) extra memory, bitwise batch invariant. The CPU default where it builds."""
+
+    name = "cpu_fused"
+    dtypes = _cpu_fused.DTYPES
+
+    @classmethod
+    def not_supported_reasons(cls, inputs: LaraInputs) -> list[str]:
+        reasons = super().not_supported_reasons(inputs)
+        if inputs.device.type != "cpu":
+            reasons.append(f"device {inputs.device} is not the CPU")
+        if inputs.v.shape[-1] != inputs.head_dim:
+            reasons.append(f"value dim {inputs.v.shape[-1]} != head dim {inputs.head_dim}")
+        if not reasons:
+            why = _cpu_fused.unavailable_reason()  # builds the kernel on first use
+            if why:
+                reasons.append(why)
+        return reasons
+
+    @classmethod
+    def forward(cls, inputs: LaraInputs) -> Tensor:
+        return _cpu_fused.lara_forward_fused(*inputs.as_args())
 
 
 def _triton_interpreting() -> bool:
@@ -121,8 +148,8 @@ class TritonBackend(Backend):
         return lara_forward_triton(*inputs.as_args())
 
 
-# Order is preference: the fused kernel where it runs, the blocked PyTorch path everywhere else.
-BACKENDS: dict[str, type[Backend]] = {"triton": TritonBackend, "torch": TorchBackend}
+# Order is preference: the fused kernels where they run, the blocked PyTorch path everywhere else.
+BACKENDS: dict[str, type[Backend]] = {"triton": TritonBackend, "cpu_fused": CpuFusedBackend, "torch": TorchBackend}
 
 
 def select_backend(inputs: LaraInputs, backend: str | None = None) -> type[Backend]:
@@ -131,8 +158,9 @@ def select_backend(inputs: LaraInputs, backend: str | None = None) -> type[Backe
         raise ValueError(f"unknown backend {backend!r}; choose one of {sorted(BACKENDS)} or None (automatic)")
     candidates = [BACKENDS[backend]] if backend else list(BACKENDS.values())
     if backend is None and inputs.device.type == "cpu":
-        # The interpreter is for testing kernels, never for speed: on CPU, automatic means PyTorch.
-        candidates = [TorchBackend]
+        # The Triton interpreter is for testing kernels, never for speed: on CPU, automatic means the
+        # compiled kernel, or the PyTorch path when it is unavailable (no compiler) or cannot run the inputs.
+        candidates = [CpuFusedBackend, TorchBackend]
     why = {}
     for cand in candidates:
         reasons = cand.not_supported_reasons(inputs)

@@ -189,7 +189,9 @@ def test_forced_triton_lists_every_reason(monkeypatch):
     assert "head dim 24 not supported" in msg
 
 
-def test_describe_backends_on_cpu_picks_torch():
+def test_describe_backends_on_cpu_picks_the_compiled_kernel_then_torch():
     q, k, v, ql, kl = make_inputs(1, 1, 4, 16, 2, seed=0, dtype=torch.float32)
     info = kernels.describe_backends(q, k, v, ql, kl)
-    assert info["chosen"] == "torch" and info["reasons"]["torch"] == []
+    assert info["chosen"] == "cpu_fused" and info["reasons"]["cpu_fused"] == [] and info["reasons"]["torch"] == []
+    info = kernels.describe_backends(*(t.double() for t in (q, k, v, ql, kl)))
+    assert info["chosen"] == "torch" and "dtype torch.float64 not supported" in info["reasons"]["cpu_fused"][0]

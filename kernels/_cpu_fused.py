@@ -1,0 +1,185 @@
+"""The fused CPU LARA kernel (`kernels/csrc/`): built on first use, loaded with ctypes, with a fallback.
+
+The C++ source is one translation unit with a plain C ABI (see `kernels/csrc/lara_cpu.cpp` for why),
+compiled by the system C++ compiler (`$CXX`, else g++, else c++) in a few seconds into a cache folder:
+`$LARA_KERNEL_CACHE`, else `~/.cache/lara-serve/kernels`. The file name holds a hash of the sources,
+flags and compiler version, so an edited source or another compiler builds a new library; a finished
+build is renamed into place, so concurrent processes never load a half-written file.
+
+If there is no compiler, the build fails, or `LARA_CPU_KERNEL=off`, `load()` returns None after ONE
+warning and the dispatcher (`kernels/dispatch.py`) runs the PyTorch path (`kernels/_cpu.py`) instead:
+a missing compiler never fails a request. `python -m kernels._cpu_fused` builds ahead of time (e.g.
+in an image build), so no request pays the compile.
+
+Numerics: float32 compute for fp16/bf16/fp32 inputs (cast back at the end), the same masks and math as
+`kernels.reference.lara_attention_ref`. Per document, the arithmetic depends only on that document's
+valid tokens: its output bits are the same alone, in any batch, with any padding, at any thread count.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+CSRC = Path(__file__).with_name("csrc")
+SOURCES = ("lara_cpu.cpp", "lara_impl.h")
+ABI_VERSION = 1
+# Portable on purpose (no -march=native): baseline ISA plus an AVX2/FMA variant chosen at run time
+# inside the source. -fno-math-errno lets exp/sqrt inline; no -ffast-math: the kernel relies on inf.
+CXXFLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno")
+BUILD_TIMEOUT_S = 300
+DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
+
+_lock = threading.Lock()
+_state: dict[str, object] = {}  # "lib": ctypes.CDLL, or "error": str, once decided
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("LARA_KERNEL_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "lara-serve" / "kernels"
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+
+
+def _library_path(cxx: str) -> Path:
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60, check=True)
+    h = hashlib.sha256()
+    for name in SOURCES:
+        h.update((CSRC / name).read_bytes())
+    h.update(" ".join((*CXXFLAGS, version.stdout.splitlines()[0], platform.machine())).encode())
+    return cache_dir() / f"lara_cpu-{h.hexdigest()[:16]}.so"
+
+
+def _build(cxx: str, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.stem + ".", suffix=".tmp.so", dir=path.parent)
+    os.close(fd)
+    try:
+        cmd = [cxx, *CXXFLAGS, str(CSRC / "lara_cpu.cpp"), "-o", tmp]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+        if done.returncode != 0:
+            raise RuntimeError(f"`{' '.join(cmd)}` failed: {done.stderr.strip()[-2000:]}")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _open(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))  # torch is imported first, so libgomp resolves to torch's own copy
+    lib.lara_cpu_abi_version.restype = ctypes.c_int
+    if lib.lara_cpu_abi_version() != ABI_VERSION:
+        raise RuntimeError(f"{path} has ABI {lib.lara_cpu_abi_version()}, expected {ABI_VERSION}")
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.lara_cpu_forward.argtypes = [i64] * 5 + [ptr] * 6 + [i64, ptr, ctypes.c_float, ptr, ctypes.c_int, ctypes.c_int]
+    lib.lara_cpu_forward.restype = ctypes.c_int
+    lib.lara_cpu_variant.argtypes = [ctypes.c_int]
+    lib.lara_cpu_variant.restype = ctypes.c_int
+    return lib
+
+
+def _load_or_reason() -> ctypes.CDLL | str:
+    if os.environ.get("LARA_CPU_KERNEL", "").lower() in ("0", "off", "false", "no"):
+        return "disabled by LARA_CPU_KERNEL"
+    cxx = _compiler()
+    if cxx is None:
+        return "no C++ compiler found (set CXX, or install g++)"
+    try:
+        path = _library_path(cxx)
+        if not path.exists():
+            _build(cxx, path)
+        return _open(path)
+    except Exception as exc:  # any failure means "use the fallback", never a crash
+        return f"fused CPU kernel unavailable: {exc}"
+
+
+def load() -> ctypes.CDLL | None:
+    """The compiled kernel (built on first call), or None after one warning if it cannot be had."""
+    with _lock:
+        if not _state:
+            got = _load_or_reason()
+            if isinstance(got, str):
+                _state["error"] = got
+                warnings.warn(f"{got}; LARA on CPU uses the PyTorch path (kernels/_cpu.py)", stacklevel=2)
+            else:
+                _state["lib"] = got
+        return _state.get("lib")  # type: ignore[return-value]
+
+
+def unavailable_reason() -> str | None:
+    """Why the compiled kernel cannot run (None when it can); builds it on first call."""
+    return None if load() is not None else str(_state["error"])
+
+
+def reset() -> None:
+    """Forget the loaded library or the failure (tests, or after installing a compiler)."""
+    with _lock:
+        _state.clear()
+
+
+def variant(force_generic: bool = False) -> str:
+    """Which compiled variant runs on this CPU: "avx2" or "generic"."""
+    lib = load()
+    if lib is None:
+        raise RuntimeError(unavailable_reason())
+    return "avx2" if lib.lara_cpu_variant(int(force_generic)) else "generic"
+
+
+def _ptr(t: Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def lara_forward_fused(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_landmarks: Tensor,
+    k_landmarks: Tensor,
+    key_padding_mask: Tensor | None,
+    alpha_coeff: float,
+    noise: Tensor | None,
+    *,
+    force_generic: bool = False,
+    num_threads: int | None = None,
+) -> Tensor:
+    """LARA forward with the compiled kernel. Shapes as in `kernels.lara_attention`; CPU tensors,
+    fp16/bf16/fp32, Dv == D; returns [B, H, N, D] in q's dtype. Callers check availability first."""
+    lib = load()
+    if lib is None:
+        raise RuntimeError(unavailable_reason())
+    b, h, n, d = q.shape
+    c = q_landmarks.shape[-2]
+    f32 = [t.to(torch.float32).contiguous() for t in (q, k, v, q_landmarks, k_landmarks)]
+    nz = None if noise is None else noise.to(torch.float32).contiguous()
+    mask = None if key_padding_mask is None else key_padding_mask.contiguous().view(torch.uint8)
+    out = torch.empty(b, h, n, d, dtype=torch.float32)
+    if b * h * n == 0:
+        return out.to(q.dtype)
+    threads = num_threads or torch.get_num_threads()
+    nz_stride = 0 if nz is None or nz.shape[0] == 1 else h * c * d
+    rc = lib.lara_cpu_forward(
+        b, h, n, d, c, *(_ptr(t) for t in f32), _ptr(nz), nz_stride, _ptr(mask), alpha_coeff, _ptr(out), threads,
+        int(force_generic),
+    )  # fmt: skip
+    if rc != 0:
+        raise RuntimeError(f"lara_cpu_forward failed with code {rc} for q {tuple(q.shape)}, C = {c}")
+    return out.to(q.dtype)
+
+
+if __name__ == "__main__":
+    lib = load()
+    print(f"fused CPU kernel: {'ready, variant ' + variant() if lib is not None else unavailable_reason()}")
+    print(f"cache: {cache_dir()}")

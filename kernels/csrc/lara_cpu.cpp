@@ -1,0 +1,99 @@
+// Fused CPU LARA forward (eval and noise), one translation unit, C ABI (loaded by kernels/_cpu_fused.py).
+//
+// Why a plain C ABI and no torch headers: it compiles in seconds with the system g++ (no ninja, no
+// pybind11, no 40 s of ATen headers in CI), and the same object can back an onnxruntime kernel.
+//
+// Why no -march=native: the .so may be cached in a container image built on one host and run on
+// another. The file is compiled for baseline x86-64 (or the host's generic ISA elsewhere); lara_impl.h
+// is compiled a second time inside `#pragma GCC target("avx2,fma")` and picked at run time when the CPU
+// has both (__builtin_cpu_supports). Each variant is deterministic on its own; results of the two
+// variants differ in the last bits (FMA rounding), so a process always uses one of them.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include <omp.h>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define LARA_HAVE_X86 1
+#else
+#define LARA_HAVE_X86 0
+#endif
+
+namespace lara {
+
+// All arguments of one call; tensors are contiguous float32 in the shapes of kernels.lara_attention.
+struct Args {
+  int64_t B, H, N, D, C;
+  const float* q;           // [B, H, N, D]
+  const float* k;           // [B, H, N, D]
+  const float* v;           // [B, H, N, D]
+  const float* ql;          // [B, H, C, D]
+  const float* kl;          // [B, H, C, D]
+  const float* noise;       // [B or 1, H, C, D] or null (eval)
+  int64_t noise_bstride;    // 0 when the noise broadcasts over the batch
+  const uint8_t* mask;      // [B, N], 1 = padding, or null
+  float alpha_coeff;
+  float* out;               // [B, H, N, D]
+};
+
+}  // namespace lara
+
+// -- generic variant: baseline ISA, scalar lanes the compiler may auto-vectorize --
+#define LARA_NS generic
+#define LARA_AVX2 0
+#include "lara_impl.h"
+#undef LARA_NS
+#undef LARA_AVX2
+
+#if LARA_HAVE_X86
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#define LARA_NS avx2
+#define LARA_AVX2 1
+#include "lara_impl.h"
+#undef LARA_NS
+#undef LARA_AVX2
+#pragma GCC pop_options
+#endif
+
+namespace {
+
+bool cpu_has_avx2_fma() {
+#if LARA_HAVE_X86
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+extern "C" {
+
+// 1 when the AVX2/FMA variant runs on this CPU (unless forced generic), 0 for the generic one.
+int lara_cpu_variant(int force_generic) { return (!force_generic && cpu_has_avx2_fma()) ? 1 : 0; }
+
+// ABI version: kernels/_cpu_fused.py refuses a cached library whose version differs.
+int lara_cpu_abi_version() { return 1; }
+
+// LARA forward. Returns 0 on success, a negative code for bad sizes (the Python side validates first).
+int lara_cpu_forward(int64_t B, int64_t H, int64_t N, int64_t D, int64_t C, const float* q, const float* k,
+                     const float* v, const float* ql, const float* kl, const float* noise, int64_t noise_bstride,
+                     const uint8_t* mask, float alpha_coeff, float* out, int num_threads, int force_generic) {
+  if (B < 0 || H < 0 || N < 0 || D < 1 || C < 1) return -1;
+  if (num_threads < 1) num_threads = 1;
+  lara::Args a{B, H, N, D, C, q, k, v, ql, kl, noise, noise_bstride, mask, alpha_coeff, out};
+#if LARA_HAVE_X86
+  if (lara_cpu_variant(force_generic)) return lara::avx2::forward(a, num_threads);
+#endif
+  (void)force_generic;
+  return lara::generic::forward(a, num_threads);
+}
+
+}  // extern "C"

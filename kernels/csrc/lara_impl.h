@@ -1,0 +1,457 @@
+// The LARA forward, included twice by lara_cpu.cpp: LARA_NS names the variant (generic / avx2),
+// LARA_AVX2 selects the vector type. Same math as kernels/reference.py (spec 5.3-5.4) and the algebra of
+// kernels/_cpu.py, restructured so that no [C, N] tensor exists:
+//   phase 0, per (batch, head): samples w = mu (+ noise), the GEMM operand P = scale * [w | q~]^T,
+//            the balance heuristic BH_c and log g_c(w_c).
+//   phase 1, per (batch, head, key chunk): stream key tiles; an online (running max / sum) softmax per
+//            proposal gives partial F_c and lse_c; the same sweep over query tiles gives a partial
+//            log-normalizer of rho (softmax over queries).
+//   phase 2, per (batch, head): combine the chunks in chunk order (fixed, so the result does not depend
+//            on the thread count or schedule).
+//   phase 3, per (batch, head, query block): logits, rho, alpha, SNIS weights and the weighted sum of F
+//            on cache-resident tiles.
+// Padding: each document's valid positions are compacted (in order), so a document's arithmetic is the
+// same alone, in any batch, with any padding: bitwise batch invariance. Padded query rows are zero.
+
+namespace lara {
+namespace LARA_NS {
+
+// Keys per tile: S tile [128, Cp] plus the K, V, Q tiles (32 KiB each at D = 64) stay in L2.
+constexpr int64_t KEY_TILE = 128;
+// Keys per parallel task. Fixed (never derived from the thread count) so the order of the partial
+// sums depends only on the document's length.
+constexpr int64_t KEY_CHUNK = 2048;
+// Queries per tile: logits [64, 2Cp] and weights [64, Cp] (48 KiB at C = 64) stay in L1/L2.
+constexpr int64_t QUERY_TILE = 64;
+constexpr int64_t QUERY_TASK = 256;  // queries per parallel task
+constexpr float ALPHA_FLOOR = 1e-8f;  // kernels.reference.ALPHA_FLOOR (spec 5.3)
+constexpr float INF = std::numeric_limits<float>::infinity();
+
+#if LARA_AVX2
+struct Vec {
+  __m256 x;
+  static constexpr int64_t W = 8;
+  static Vec load(const float* p) { return {_mm256_loadu_ps(p)}; }
+  static Vec bcast(const float* p) { return {_mm256_broadcast_ss(p)}; }
+  static Vec set1(float f) { return {_mm256_set1_ps(f)}; }
+  void store(float* p) const { _mm256_storeu_ps(p, x); }
+};
+inline Vec operator+(Vec a, Vec b) { return {_mm256_add_ps(a.x, b.x)}; }
+inline Vec operator-(Vec a, Vec b) { return {_mm256_sub_ps(a.x, b.x)}; }
+inline Vec operator*(Vec a, Vec b) { return {_mm256_mul_ps(a.x, b.x)}; }
+inline Vec operator/(Vec a, Vec b) { return {_mm256_div_ps(a.x, b.x)}; }
+inline Vec fmadd(Vec a, Vec b, Vec c) { return {_mm256_fmadd_ps(a.x, b.x, c.x)}; }
+inline Vec vmax(Vec a, Vec b) { return {_mm256_max_ps(a.x, b.x)}; }
+inline float hsum(Vec a) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a.x), _mm256_extractf128_ps(a.x, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+inline float hmax(Vec a) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(a.x), _mm256_extractf128_ps(a.x, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+// exp on 8 lanes: 2^n * e^r with n = round(x / ln 2), |r| <= ln2 / 2, degree-6 polynomial for e^r
+// (Cephes expf coefficients), ~2 ulp. Below -87.33 (where 2^n leaves the normal range) the result is
+// exactly 0, so -inf gives 0; NaN propagates (the operand order of max/min keeps it).
+inline Vec vexp(Vec v) {
+  const __m256 lo = _mm256_set1_ps(-87.33f), hi = _mm256_set1_ps(88.0f);
+  const __m256 under = _mm256_cmp_ps(v.x, lo, _CMP_LT_OQ);
+  __m256 x = _mm256_min_ps(hi, _mm256_max_ps(lo, v.x));
+  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return {_mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)))};
+}
+#else
+struct Vec {
+  float x;
+  static constexpr int64_t W = 1;
+  static Vec load(const float* p) { return {*p}; }
+  static Vec bcast(const float* p) { return {*p}; }
+  static Vec set1(float f) { return {f}; }
+  void store(float* p) const { *p = x; }
+};
+inline Vec operator+(Vec a, Vec b) { return {a.x + b.x}; }
+inline Vec operator-(Vec a, Vec b) { return {a.x - b.x}; }
+inline Vec operator*(Vec a, Vec b) { return {a.x * b.x}; }
+inline Vec operator/(Vec a, Vec b) { return {a.x / b.x}; }
+inline Vec fmadd(Vec a, Vec b, Vec c) { return {a.x * b.x + c.x}; }
+inline Vec vmax(Vec a, Vec b) { return {std::max(a.x, b.x)}; }
+inline float hsum(Vec a) { return a.x; }
+inline float hmax(Vec a) { return a.x; }
+inline Vec vexp(Vec v) { return {std::exp(v.x)}; }
+#endif
+
+constexpr int64_t W = Vec::W;
+constexpr int NV_WIDE = static_cast<int>(16 / W);  // 16 columns per micro-tile: 2 AVX2 vectors
+
+// -- GEMM: C[M, Nc] (+)= A[M, K] B[K, Nc]; A(i, k) = A[i*sa + k*sk] (broadcast), B(k, j) = B[k*ldb + j] --
+// Every C element is one FMA chain over k in order, whatever the tile shape it falls in: the bits of a
+// row do not depend on how many rows the call has (needed for batch invariance).
+template <int MR, int NV>
+inline void micro(int64_t K, const float* A, int64_t sa, int64_t sk, const float* B, int64_t ldb, float* Cm,
+                  int64_t ldc, bool acc) {
+#if LARA_AVX2
+  // Raw registers, fully unrolled: with the Vec wrapper GCC spilled the accumulators every iteration.
+  __m256 c[MR][NV];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) c[i][j] = acc ? _mm256_loadu_ps(Cm + i * ldc + j * W) : _mm256_setzero_ps();
+  for (int64_t kk = 0; kk < K; ++kk) {
+    __m256 b[NV];
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) b[j] = _mm256_loadu_ps(B + kk * ldb + j * W);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m256 a = _mm256_broadcast_ss(A + i * sa + kk * sk);
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) c[i][j] = _mm256_fmadd_ps(a, b[j], c[i][j]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) _mm256_storeu_ps(Cm + i * ldc + j * W, c[i][j]);
+#else
+  float c[MR][NV];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NV; ++j) c[i][j] = acc ? Cm[i * ldc + j] : 0.f;
+  for (int64_t kk = 0; kk < K; ++kk)
+    for (int i = 0; i < MR; ++i) {
+      const float a = A[i * sa + kk * sk];
+      for (int j = 0; j < NV; ++j) c[i][j] += a * B[kk * ldb + j];
+    }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NV; ++j) Cm[i * ldc + j] = c[i][j];
+#endif
+}
+
+template <int NV>
+inline void panel(int64_t M, int64_t K, const float* A, int64_t sa, int64_t sk, const float* B, int64_t ldb,
+                  float* Cm, int64_t ldc, bool acc) {
+  int64_t i = 0;
+  for (; i + 6 <= M; i += 6) micro<6, NV>(K, A + i * sa, sa, sk, B, ldb, Cm + i * ldc, ldc, acc);
+  const float* a = A + i * sa;
+  float* c = Cm + i * ldc;
+  switch (M - i) {
+    case 5: micro<5, NV>(K, a, sa, sk, B, ldb, c, ldc, acc); break;
+    case 4: micro<4, NV>(K, a, sa, sk, B, ldb, c, ldc, acc); break;
+    case 3: micro<3, NV>(K, a, sa, sk, B, ldb, c, ldc, acc); break;
+    case 2: micro<2, NV>(K, a, sa, sk, B, ldb, c, ldc, acc); break;
+    case 1: micro<1, NV>(K, a, sa, sk, B, ldb, c, ldc, acc); break;
+    default: break;
+  }
+}
+
+inline void gemm(int64_t M, int64_t Nc, int64_t K, const float* A, int64_t sa, int64_t sk, const float* B,
+                 int64_t ldb, float* Cm, int64_t ldc, bool acc) {
+  int64_t j = 0;
+  for (; j + NV_WIDE * W <= Nc; j += NV_WIDE * W) panel<NV_WIDE>(M, K, A, sa, sk, B + j, ldb, Cm + j, ldc, acc);
+  for (; j + W <= Nc; j += W) panel<1>(M, K, A, sa, sk, B + j, ldb, Cm + j, ldc, acc);
+  for (; j < Nc; ++j)  // columns left when Nc is not a multiple of the vector width
+    for (int64_t i = 0; i < M; ++i) {
+      float s = acc ? Cm[i * ldc + j] : 0.f;
+      for (int64_t kk = 0; kk < K; ++kk) s += A[i * sa + kk * sk] * B[kk * ldb + j];
+      Cm[i * ldc + j] = s;
+    }
+}
+
+// -- sizes and buffers shared by the phases --
+struct Plan {
+  const Args& a;
+  int64_t Cp;                              // C rounded up to the vector width; extra columns are inert
+  float scale;                             // 1 / sqrt(D)
+  std::vector<std::vector<int64_t>> idx;   // per batch: valid positions in order (empty when no mask)
+  std::vector<int64_t> len;                // per batch: number of valid positions
+  std::vector<float> head;                 // per (b, h): HEAD_FLOATS floats, layout in head_*()
+  std::vector<float> part;                 // per key chunk: F [Cp, D], m, s, rm, rs [Cp]
+  int64_t head_floats, part_floats;
+
+  explicit Plan(const Args& args) : a(args) {
+    Cp = (a.C + W - 1) / W * W;
+    scale = 1.0f / std::sqrt(static_cast<float>(a.D));
+    head_floats = 2 * Cp * a.D + Cp * a.D + 4 * Cp;
+    part_floats = Cp * a.D + 4 * Cp;
+    idx.resize(a.B);
+    len.assign(a.B, a.N);
+    if (a.mask)
+      for (int64_t b = 0; b < a.B; ++b) {
+        for (int64_t n = 0; n < a.N; ++n)
+          if (!a.mask[b * a.N + n]) idx[b].push_back(n);
+        len[b] = static_cast<int64_t>(idx[b].size());
+      }
+    head.assign(a.B * a.H * head_floats, 0.f);
+  }
+  // Head buffer: P [D, 2Cp] (scale * w^T | scale * q~^T), F [Cp, D], bh, own/bias, rlse, spare [Cp].
+  float* P(int64_t bh) { return head.data() + bh * head_floats; }
+  float* F(int64_t bh) { return P(bh) + 2 * Cp * a.D; }
+  float* bhv(int64_t bh) { return F(bh) + Cp * a.D; }
+  float* bias(int64_t bh) { return bhv(bh) + Cp; }  // holds log g_c(w_c) until phase 2
+  float* rlse(int64_t bh) { return bias(bh) + Cp; }
+  int64_t chunks(int64_t b) const { return (len[b] + KEY_CHUNK - 1) / KEY_CHUNK; }
+
+  // Rows [t0, t0 + nb) of the compacted document: a pointer into x when contiguous, else gathered.
+  const float* rows(const float* x, int64_t b, int64_t t0, int64_t nb, float* buf) const {
+    const int64_t D = a.D;
+    if (!a.mask) return x + t0 * D;
+    const int64_t* id = idx[b].data() + t0;
+    if (id[nb - 1] - id[0] == nb - 1) return x + id[0] * D;
+    for (int64_t r = 0; r < nb; ++r) std::memcpy(buf + r * D, x + id[r] * D, D * sizeof(float));
+    return buf;
+  }
+  int64_t pos(int64_t b, int64_t t) const { return a.mask ? idx[b][t] : t; }
+};
+
+// -- phase 0: samples, GEMM operand, balance heuristic (C x C, in double: small and off the hot path) --
+inline void prepare_head(Plan& pl, int64_t b, int64_t h) {
+  const Args& a = pl.a;
+  const int64_t D = a.D, C = a.C, Cp = pl.Cp, bh = b * a.H + h;
+  const float* ql = a.ql + bh * C * D;
+  const float* kl = a.kl + bh * C * D;
+  const float* nz = a.noise ? a.noise + b * a.noise_bstride + h * C * D : nullptr;
+  std::vector<double> mu(C * D), w(C * D), mu_sq(C, 0.0);
+  for (int64_t i = 0; i < C * D; ++i) {
+    mu[i] = static_cast<double>(ql[i]) + kl[i];
+    w[i] = nz ? static_cast<float>(ql[i] + kl[i]) + static_cast<double>(nz[i]) : mu[i];
+  }
+  float* P = pl.P(bh);
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t d = 0; d < D; ++d) {
+      P[d * 2 * Cp + c] = static_cast<float>(pl.scale * w[c * D + d]);
+      P[d * 2 * Cp + Cp + c] = pl.scale * ql[c * D + d];
+      mu_sq[c] += mu[c * D + d] * mu[c * D + d];
+    }
+  // log g_c'(w_c) up to a constant shared by all c': scale * w_c . mu_c' - scale/2 * |mu_c'|^2
+  std::vector<double> lmu(C);
+  for (int64_t c = 0; c < C; ++c) {
+    double mx = -INFINITY;
+    for (int64_t c2 = 0; c2 < C; ++c2) {
+      double dot = 0.0;
+      for (int64_t d = 0; d < D; ++d) dot += w[c * D + d] * mu[c2 * D + d];
+      lmu[c2] = pl.scale * dot - 0.5 * pl.scale * mu_sq[c2];
+      mx = std::max(mx, lmu[c2]);
+    }
+    double s = 0.0;
+    for (int64_t c2 = 0; c2 < C; ++c2) s += std::exp(lmu[c2] - mx);
+    pl.bhv(bh)[c] = static_cast<float>(std::exp(lmu[c] - mx - std::log(s)));
+    pl.bias(bh)[c] = static_cast<float>(lmu[c]);
+  }
+}
+
+// Online softmax update over one tile S [nb, Cp] per column: running max m, running sum s.
+// Leaves exp(S - m_new) in S when keep_p (needed for F), returns the rescale factor in corr.
+inline void online_update(float* S, int64_t nb, int64_t Cp, float* m, float* s, float* corr, float* tsum) {
+  for (int64_t c = 0; c < Cp; c += W) {
+    Vec bm = Vec::set1(-INF);
+    for (int64_t j = 0; j < nb; ++j) bm = vmax(bm, Vec::load(S + j * Cp + c));
+    const Vec m_old = Vec::load(m + c), m_new = vmax(m_old, bm);
+    m_new.store(m + c);
+    vexp(m_old - m_new).store(corr + c);  // m_old = -inf on the first tile: factor 0
+    Vec::set1(0.f).store(tsum + c);
+  }
+  for (int64_t j = 0; j < nb; ++j)
+    for (int64_t c = 0; c < Cp; c += W) {
+      const Vec p = vexp(Vec::load(S + j * Cp + c) - Vec::load(m + c));
+      p.store(S + j * Cp + c);
+      (Vec::load(tsum + c) + p).store(tsum + c);
+    }
+  for (int64_t c = 0; c < Cp; c += W)
+    fmadd(Vec::load(s + c), Vec::load(corr + c), Vec::load(tsum + c)).store(s + c);
+}
+
+// -- phase 1: one key chunk of one (batch, head) --
+inline void key_chunk(Plan& pl, int64_t b, int64_t h, int64_t chunk, float* part, float* scratch) {
+  const Args& a = pl.a;
+  const int64_t D = a.D, Cp = pl.Cp, bh = b * a.H + h, T = KEY_TILE;
+  const float* kx = a.k + bh * a.N * D;
+  const float* vx = a.v + bh * a.N * D;
+  const float* qx = a.q + bh * a.N * D;
+  const float* P = pl.P(bh);
+  float *F = part, *m = F + Cp * D, *s = m + Cp, *rm = s + Cp, *rs = rm + Cp;
+  float *S = scratch, *R = S + T * Cp, *kb = R + T * Cp, *vb = kb + T * D, *qb = vb + T * D;
+  float *kk = qb + T * D, *corr = kk + T, *tsum = corr + Cp;
+  std::fill(F, F + Cp * D, 0.f);
+  std::fill(m, m + Cp, -INF);
+  std::fill(s, s + Cp, 0.f);
+  std::fill(rm, rm + Cp, -INF);
+  std::fill(rs, rs + Cp, 0.f);
+  const int64_t t_end = std::min(pl.len[b], (chunk + 1) * KEY_CHUNK);
+  for (int64_t t0 = chunk * KEY_CHUNK; t0 < t_end; t0 += T) {
+    const int64_t nb = std::min(T, t_end - t0);
+    const float* kt = pl.rows(kx, b, t0, nb, kb);
+    const float* vt = pl.rows(vx, b, t0, nb, vb);
+    const float* qt = pl.rows(qx, b, t0, nb, qb);
+    // -- key logits log xi(k_j, w_c) = scale w_c . k_j - scale/2 |k_j|^2, S [nb, Cp] --
+    gemm(nb, Cp, D, kt, D, 1, P, 2 * Cp, S, Cp, false);
+    for (int64_t j = 0; j < nb; ++j) {
+      Vec acc2 = Vec::set1(0.f);
+      int64_t d = 0;
+      for (; d + W <= D; d += W) acc2 = fmadd(Vec::load(kt + j * D + d), Vec::load(kt + j * D + d), acc2);
+      float sq = hsum(acc2);
+      for (; d < D; ++d) sq += kt[j * D + d] * kt[j * D + d];
+      const Vec off = Vec::set1(-0.5f * pl.scale * sq);
+      for (int64_t c = 0; c < Cp; c += W) (Vec::load(S + j * Cp + c) + off).store(S + j * Cp + c);
+    }
+    online_update(S, nb, Cp, m, s, corr, tsum);
+    // -- F_c <- F_c * corr_c + sum_j p_jc v_j --
+    for (int64_t c = 0; c < a.C; ++c) {
+      const Vec f = Vec::set1(corr[c]);
+      int64_t d = 0;
+      for (; d + W <= D; d += W) (Vec::load(F + c * D + d) * f).store(F + c * D + d);
+      for (; d < D; ++d) F[c * D + d] *= corr[c];
+    }
+    gemm(a.C, D, nb, S, 1, Cp, vt, D, F, D, true);
+    // -- rho's normalizer: running logsumexp over queries of scale q~_c . q_n --
+    gemm(nb, Cp, D, qt, D, 1, P + Cp, 2 * Cp, R, Cp, false);
+    online_update(R, nb, Cp, rm, rs, corr, tsum);
+  }
+}
+
+// -- phase 2: combine the chunks of one (batch, head) in chunk order --
+inline void combine(Plan& pl, int64_t b, int64_t h, const float* parts, int64_t nck) {
+  const int64_t D = pl.a.D, C = pl.a.C, Cp = pl.Cp, bh = b * pl.a.H + h;
+  float *F = pl.F(bh), *bias = pl.bias(bh), *rlse = pl.rlse(bh);
+  for (int64_t c = 0; c < C; ++c) {
+    double mk = -INFINITY, mr = -INFINITY, sk = 0.0, sr = 0.0;
+    for (int64_t i = 0; i < nck; ++i) {
+      const float* p = parts + i * pl.part_floats + Cp * D;
+      mk = std::max(mk, static_cast<double>(p[c]));
+      mr = std::max(mr, static_cast<double>(p[2 * Cp + c]));
+    }
+    std::vector<double> f(D, 0.0);
+    for (int64_t i = 0; i < nck; ++i) {
+      const float* part = parts + i * pl.part_floats;
+      const float* p = part + Cp * D;
+      const double wk = std::exp(p[c] - mk);
+      sk += p[Cp + c] * wk;
+      sr += p[3 * Cp + c] * std::exp(p[2 * Cp + c] - mr);
+      for (int64_t d = 0; d < D; ++d) f[d] += part[c * D + d] * wk;
+    }
+    for (int64_t d = 0; d < D; ++d) F[c * D + d] = static_cast<float>(f[d] / sk);
+    bias[c] = static_cast<float>(mk + std::log(sk) - bias[c]);  // lse_c - log g_c(w_c)
+    rlse[c] = static_cast<float>(mr + std::log(sr));
+  }
+  // Inert padded columns: rho = exp(-inf) = 0 and logit = -inf, so they carry no weight.
+  for (int64_t c = C; c < Cp; ++c) {
+    bias[c] = -INF;
+    rlse[c] = INF;
+  }
+}
+
+// -- phase 3: one block of queries of one (batch, head) --
+inline void query_block(Plan& pl, int64_t b, int64_t h, int64_t t_begin, float* scratch) {
+  const Args& a = pl.a;
+  const int64_t D = a.D, C = a.C, Cp = pl.Cp, bh = b * a.H + h, T = QUERY_TILE;
+  const float* qx = a.q + bh * a.N * D;
+  float* ox = a.out + bh * a.N * D;
+  const float *P = pl.P(bh), *F = pl.F(bh), *bhv = pl.bhv(bh), *bias = pl.bias(bh), *rlse = pl.rlse(bh);
+  float *L = scratch, *E = L + T * 2 * Cp, *qb = E + T * Cp, *ob = qb + T * D, *tot = ob + T * D;
+  const Vec lam = Vec::set1(a.alpha_coeff), floor_ = Vec::set1(ALPHA_FLOOR);
+  const Vec inv_c = Vec::set1(1.0f / static_cast<float>(C));
+  const int64_t t_end = std::min(pl.len[b], t_begin + QUERY_TASK);
+  for (int64_t t0 = t_begin; t0 < t_end; t0 += T) {
+    const int64_t nb = std::min(T, t_end - t0);
+    const float* qt = pl.rows(qx, b, t0, nb, qb);
+    // -- [log xi(q_n, w_c) (without the -|q|^2/2 term, constant over c) | q~_c . q_n] * scale --
+    gemm(nb, 2 * Cp, D, qt, D, 1, P, 2 * Cp, L, 2 * Cp, false);
+    for (int64_t n = 0; n < nb; ++n) {
+      float *lq = L + n * 2 * Cp, *lr = lq + Cp, *e = E + n * Cp;
+      Vec rsum = Vec::set1(0.f), lmax = Vec::set1(-INF);
+      for (int64_t c = 0; c < Cp; c += W) {
+        const Vec rho = vexp(Vec::load(lr + c) - Vec::load(rlse + c));  // softmax over queries
+        rho.store(lr + c);
+        rsum = rsum + rho;
+        const Vec logit = Vec::load(lq + c) + Vec::load(bias + c);  // log r_nc up to a constant
+        logit.store(lq + c);
+        lmax = vmax(lmax, logit);
+      }
+      const Vec mean = Vec::set1(hsum(rsum)) * inv_c, mx = Vec::set1(hmax(lmax));
+      Vec esum = Vec::set1(0.f);
+      for (int64_t c = 0; c < Cp; c += W) {
+        // mis-opt alpha = BH_c + lambda (rho_nc - mean_c' rho_nc'), clamped; SNIS weight alpha * r
+        const Vec alpha = vmax(floor_, fmadd(lam, Vec::load(lr + c) - mean, Vec::load(bhv + c)));
+        const Vec ev = vexp(Vec::load(lq + c) - mx) * alpha;
+        ev.store(e + c);
+        esum = esum + ev;
+      }
+      tot[n] = hsum(esum);
+    }
+    // -- out_n = sum_c e_nc F_c / sum_c e_nc --
+    const bool direct = !a.mask || (pl.pos(b, t0 + nb - 1) - pl.pos(b, t0) == nb - 1);
+    float* o = direct ? ox + pl.pos(b, t0) * D : ob;
+    gemm(nb, D, C, E, Cp, 1, F, D, o, D, false);
+    for (int64_t n = 0; n < nb; ++n) {
+      const Vec t = Vec::set1(tot[n]);
+      int64_t d = 0;
+      for (; d + W <= D; d += W) (Vec::load(o + n * D + d) / t).store(o + n * D + d);
+      for (; d < D; ++d) o[n * D + d] /= tot[n];
+    }
+    if (!direct)
+      for (int64_t n = 0; n < nb; ++n) std::memcpy(ox + pl.pos(b, t0 + n) * D, ob + n * D, D * sizeof(float));
+  }
+}
+
+// Padded query rows (and every row of an all-padding document) are zero.
+inline void zero_padded(const Plan& pl, int64_t b, int64_t h) {
+  const Args& a = pl.a;
+  float* ox = a.out + (b * a.H + h) * a.N * a.D;
+  for (int64_t n = 0; n < a.N; ++n)
+    if (a.mask[b * a.N + n]) std::fill(ox + n * a.D, ox + (n + 1) * a.D, 0.f);
+}
+
+inline int forward(const Args& a, int num_threads) {
+  Plan pl(a);
+  const int64_t BH = a.B * a.H, Cp = pl.Cp, D = a.D;
+  struct Task { int64_t b, h, i, slot; };
+  std::vector<Task> keys, queries;
+  std::vector<int64_t> first_slot(BH + 1, 0);
+  for (int64_t b = 0; b < a.B; ++b)
+    for (int64_t h = 0; h < a.H; ++h) {
+      const int64_t bh = b * a.H + h;
+      first_slot[bh + 1] = first_slot[bh] + pl.chunks(b);
+      for (int64_t i = 0; i < pl.chunks(b); ++i) keys.push_back({b, h, i, first_slot[bh] + i});
+      for (int64_t t = 0; t < pl.len[b]; t += QUERY_TASK) queries.push_back({b, h, t, 0});
+    }
+  pl.part.assign(first_slot[BH] * pl.part_floats, 0.f);
+  const int64_t key_scratch = 2 * KEY_TILE * Cp + 3 * KEY_TILE * D + KEY_TILE + 2 * Cp;
+  const int64_t query_scratch = QUERY_TILE * 3 * Cp + 2 * QUERY_TILE * D + QUERY_TILE;
+  const int64_t nk = static_cast<int64_t>(keys.size()), nq = static_cast<int64_t>(queries.size());
+
+#pragma omp parallel num_threads(num_threads)
+  {
+    std::vector<float> scratch(std::max(key_scratch, query_scratch));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t bh = 0; bh < BH; ++bh) {
+      prepare_head(pl, bh / a.H, bh % a.H);
+      if (a.mask) zero_padded(pl, bh / a.H, bh % a.H);
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < nk; ++i) {
+      const Task& t = keys[i];
+      key_chunk(pl, t.b, t.h, t.i, pl.part.data() + t.slot * pl.part_floats, scratch.data());
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t bh = 0; bh < BH; ++bh)
+      if (pl.len[bh / a.H] > 0)
+        combine(pl, bh / a.H, bh % a.H, pl.part.data() + first_slot[bh] * pl.part_floats,
+                first_slot[bh + 1] - first_slot[bh]);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < nq; ++i) query_block(pl, queries[i].b, queries[i].h, queries[i].i, scratch.data());
+  }
+  return 0;
+}
+
+}  // namespace LARA_NS
+}  // namespace lara
