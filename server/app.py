@@ -110,6 +110,11 @@ def _add_error_handlers(app: FastAPI) -> None:
         # Hung up mid-upload: not a server error; the response goes nowhere (uvicorn drops it).
         return error_response(ErrorKind.CLIENT_CLOSED, "client disconnected while sending the request")
 
+    @app.exception_handler(RecursionError)
+    async def too_deep(request: Request, exc: RecursionError) -> JSONResponse:
+        # Only parsing a client's body nests this deep (e.g. json.loads of [[[[...]]]]): a client error.
+        return error_response(ErrorKind.MALFORMED, "request body is nested too deeply")
+
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         details = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])

@@ -100,6 +100,9 @@ def track(state: AppState, model: str) -> Iterator[None]:
     except ServeError as exc:
         outcome = exc.kind.value
         raise
+    except RecursionError:  # a body nested too deeply for a parser (server.app answers 400)
+        outcome = ErrorKind.MALFORMED.value
+        raise
     except ClientDisconnect:  # hung up while sending the body
         outcome = ErrorKind.CLIENT_CLOSED.value
         raise

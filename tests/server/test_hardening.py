@@ -48,6 +48,9 @@ async def test_deep_nesting_is_400_on_every_parser(client: httpx.AsyncClient, de
         assert "recursion limit" in response.json()["error"]
     metrics = (await client.get("/metrics")).text
     assert "backend_failure" not in metrics and 'outcome="malformed_request"' in metrics
+    # Any other JSON route (here Triton's repository index, parsed with json.loads): still a 400.
+    index = await client.post("/v2/repository/index", content=nested(depth).encode())
+    assert index.status_code == 400 and "nested too deeply" in index.json()["error"]
 
 
 async def test_allow_and_www_authenticate_headers(make_settings: Callable[..., Settings]) -> None:
