@@ -16,6 +16,17 @@ from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
 STATIC_URL = "/docs-static"
+# The pages may load nothing from outside this server: ReDoc's sidebar would otherwise fetch its vendor's
+# logo from a CDN (it hides the image when that fails). Inline script and style are the pages' own.
+_CSP = (
+    "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data: blob:; worker-src 'self' blob:; connect-src 'self'; font-src 'self' data:"
+)
+
+
+def _page(response: HTMLResponse) -> HTMLResponse:
+    response.headers["Content-Security-Policy"] = _CSP
+    return response
 
 
 def _asset_dir() -> Path | None:
@@ -46,13 +57,15 @@ def install(app: FastAPI) -> None:
     async def swagger() -> HTMLResponse:
         if assets is None:
             return missing()
-        return get_swagger_ui_html(
-            openapi_url=app.openapi_url or "/openapi.json",
-            title=title,
-            oauth2_redirect_url="/docs/oauth2-redirect",
-            swagger_js_url=f"{STATIC_URL}/swagger-ui-bundle.js",
-            swagger_css_url=f"{STATIC_URL}/swagger-ui.css",
-            swagger_favicon_url=f"{STATIC_URL}/favicon.png",
+        return _page(
+            get_swagger_ui_html(
+                openapi_url=app.openapi_url or "/openapi.json",
+                title=title,
+                oauth2_redirect_url="/docs/oauth2-redirect",
+                swagger_js_url=f"{STATIC_URL}/swagger-ui-bundle.js",
+                swagger_css_url=f"{STATIC_URL}/swagger-ui.css",
+                swagger_favicon_url=f"{STATIC_URL}/favicon.png",
+            )
         )
 
     @app.get("/docs/oauth2-redirect", include_in_schema=False)
@@ -63,10 +76,12 @@ def install(app: FastAPI) -> None:
     async def redoc() -> HTMLResponse:
         if assets is None:
             return missing()
-        return get_redoc_html(
-            openapi_url=app.openapi_url or "/openapi.json",
-            title=title,
-            redoc_js_url=f"{STATIC_URL}/redoc.standalone.js",
-            redoc_favicon_url=f"{STATIC_URL}/favicon.png",
-            with_google_fonts=False,  # a font from the internet would be the one thing that does not load
+        return _page(
+            get_redoc_html(
+                openapi_url=app.openapi_url or "/openapi.json",
+                title=title,
+                redoc_js_url=f"{STATIC_URL}/redoc.standalone.js",
+                redoc_favicon_url=f"{STATIC_URL}/favicon.png",
+                with_google_fonts=False,  # a font from the internet would be the one thing that does not load
+            )
         )

@@ -38,7 +38,7 @@ function showModel() {
   const model = currentModel();
   if (!model) return;
   const acc = model.accuracy && model.accuracy.test_accuracy !== undefined
-    ? "test accuracy " + (100 * model.accuracy.test_accuracy).toFixed(1) + "% (n=" + model.accuracy.n_test + "). " : "";
+    ? "Test accuracy " + (100 * model.accuracy.test_accuracy).toFixed(1) + "% (n=" + model.accuracy.n_test + "). " : "";
   const limit = model.max_length ? "Takes up to " + model.max_length + " " + model.length_unit + ". " : "";
   const attention = model.attention ? "Attention: " + model.attention.kind + ". " : "";
   $("card").textContent = "Labels: " + model.labels.join(", ") + ". " + limit + acc + attention + "Suited inputs: " + model.suited_inputs + ".";
@@ -113,7 +113,8 @@ function showResult(result, h) {
   $("inference-ms").textContent = ms("x-inference-time-ms");
   $("total-ms").textContent = ms("x-total-time-ms");
   $("batch-size").textContent = h.get("x-batch-size") || "-";
-  $("truncated").textContent = result.truncated ? "yes (longer than the model takes)" : "no";
+  const isText = currentModel().task === "text";
+  $("truncated").textContent = !isText ? "- (image)" : result.truncated ? "yes (longer than the model takes)" : "no";
   $("result").hidden = false;
 }
 
@@ -151,7 +152,7 @@ async function drawLatency() {
   const means = lengths.map((l) => (1000 * data[l][0]) / data[l][1]);
   const top = Math.max(...means) * 1.15;
   const [left, bottom, width, height] = [50, 190, 490, 170];
-  const step = width / lengths.length;
+  const step = Math.min(width / lengths.length, 80);
   svg.append(el("line", { x1: left, y1: bottom, x2: left + width, y2: bottom, class: "axis" }));
   svg.append(el("text", { x: 4, y: 14 }, "ms"));
   svg.append(el("text", { x: 4, y: bottom - height + 14 }, top.toFixed(1)));
