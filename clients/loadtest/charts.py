@@ -14,7 +14,7 @@ import matplotlib
 matplotlib.use("Agg")  # no display: files only (servers, CI)
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
-from matplotlib.ticker import FuncFormatter  # noqa: E402
+from matplotlib.ticker import FuncFormatter, NullFormatter  # noqa: E402
 
 from clients.loadtest.report import Cell  # noqa: E402
 
@@ -95,23 +95,37 @@ def _vs(cells: list[Cell], out: Path, stem: str, x: Callable[[Cell], float], gro
 
 
 def latency_cdf(cells: list[Cell], out: Path) -> Path | None:
+    """One panel per input (small multiples): colour = target, line style = load, route by marker."""
     cells = [c for c in _ran(cells) if c.latencies_ms]
     if not cells:
         return None
     colours = _colours(cells)
-    fig, ax = plt.subplots(figsize=(8, 5))
+    inputs = list(dict.fromkeys(c.input for c in cells))
     loads = list(dict.fromkeys(c.load for c in cells))
-    for c in cells:
-        xs = sorted(c.latencies_ms)
-        ys = [(i + 1) / len(xs) for i in range(len(xs))]
-        ax.step(xs, ys, where="post", color=colours[c.target], linestyle=_STYLES[loads.index(c.load) % len(_STYLES)],
-                label=f"{c.target} {c.route} {c.input} {c.load}", alpha=0.8)  # fmt: skip
-    ax.set_xscale("log")
-    ax.set_xlabel("latency (ms)")
-    ax.set_ylabel("fraction of requests")
-    ax.set_title("Latency CDF per cell")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=6, ncol=2 if len(cells) > 12 else 1)
+    routes = list(dict.fromkeys(c.route for c in cells))
+    cols = min(4, len(inputs))
+    rows = -(-len(inputs) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.2 * rows), squeeze=False, sharey=True)
+    for ax, name in zip(axes.flat, inputs, strict=False):
+        for c in (c for c in cells if c.input == name):
+            xs = sorted(c.latencies_ms)
+            ys = [(i + 1) / len(xs) for i in range(len(xs))]
+            label = c.target + (f" {c.route}" if len(routes) > 1 else "") + f" {c.load}"
+            ax.step(xs, ys, where="post", color=colours[c.target], label=label,
+                    linestyle=_STYLES[loads.index(c.load) % len(_STYLES)],
+                    marker=_MARKERS[routes.index(c.route) % len(_MARKERS)] if len(routes) > 1 else None,
+                    markersize=3, markevery=max(1, len(xs) // 5))  # fmt: skip
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels collide on short ranges
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("latency (ms)", fontsize=8)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=6)
+    for ax in list(axes.flat)[len(inputs) :]:
+        ax.set_visible(False)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("fraction of requests")
+    fig.suptitle("Latency CDF per cell")
     return _save(fig, out / "latency_cdf.png")
 
 
