@@ -192,15 +192,15 @@ def main(argv: list[str] | None = None) -> int:
     import ray
 
     serve = _serve()
-    # SIGTERM and SIGINT both stop the app and then the local Ray instance this driver started. A shell starts
-    # background jobs with SIGINT ignored, and Python's default SIGTERM exits without cleaning up: without
-    # these handlers, Ray's processes would outlive the driver.
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     # Binds what Ray lets us bind to loopback: the node's address and the HTTP proxy. GCS and the raylet
     # still listen on every interface (ray 2.60), so do not run this on a host with untrusted neighbours.
     ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=opts.num_cpus, _temp_dir=opts.temp_dir)
+    # SIGTERM and SIGINT both stop the app, then the local Ray instance this driver started. Installed after
+    # ray.init, whose core worker sets a SIGTERM handler that aborts the process (exit -6). A shell starts
+    # background jobs with SIGINT ignored; this handler takes SIGINT back.
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": opts.port})
         serve.run(application, name="lara", route_prefix="/", blocking=False)  # returns once every replica runs
