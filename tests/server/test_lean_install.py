@@ -1,0 +1,103 @@
+"""The serving install: a plain `pip install .` in a fresh venv has no torch, and `lara-serve` serves the
+shipped models with it (`lara` classifies with the same venv).
+
+Slow (one pip install into a new venv, from pip's cache when `make setup` filled it): the venv is built
+once per run. The sources are copied first, so the build writes nothing into the working tree.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from server.settings import REPO_ROOT
+from server.testing import free_port
+
+pytestmark = pytest.mark.slow
+SOURCES = ("pyproject.toml", "README.md", "server", "clients", "kernels", "model_export")
+HEAVY = ("torch", "triton", "onnx", "onnxscript", "safetensors", "matplotlib", "pytest", "sklearn", "tritonclient")
+
+
+def _size_mb(folder: Path) -> float:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink()) / 2**20
+
+
+@pytest.fixture(scope="module")
+def lean_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    root = tmp_path_factory.mktemp("lean")
+    src = root / "src"
+    for name in SOURCES:
+        path = REPO_ROOT / name
+        if path.is_dir():
+            shutil.copytree(path, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            src.mkdir(exist_ok=True)
+            shutil.copy2(path, src / name)
+    venv = root / "venv"
+    t0 = time.monotonic()
+    # No pip inside (ensurepip alone takes 30 s on a loaded machine): this venv's pip installs into it.
+    # --no-compile: the .pyc files are written on first import instead; neither changes what is installed.
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
+                    "--no-compile", "--disable-pip-version-check", str(src)], check=True, timeout=600)  # fmt: skip
+    print(f"serving install: {time.monotonic() - t0:.1f} s, {_size_mb(venv):.0f} MB")
+    yield venv
+
+
+def test_no_torch_or_dev_tools(lean_venv: Path) -> None:
+    probe = f"import importlib.util as u, json; print(json.dumps([m for m in {list(HEAVY)!r} if u.find_spec(m)]))"
+    found = subprocess.run([str(lean_venv / "bin" / "python"), "-c", probe], capture_output=True, text=True,
+                           check=True, timeout=60)  # fmt: skip
+    assert json.loads(found.stdout) == []
+    assert (lean_venv / "bin" / "lara-serve").exists() and (lean_venv / "bin" / "lara").exists()
+    assert _size_mb(lean_venv) < 300  # measured 170 MB here (230 MB with pip and .pyc files); [dev]: 2.3 GB
+
+
+def test_lara_serve_serves_the_shipped_models(lean_venv: Path, tmp_path: Path) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = (tmp_path / "server.log").open("wb")
+    cmd = [str(lean_venv / "bin" / "lara-serve"), "--port", str(port), "--model-repository",
+           str(REPO_ROOT / "model_repository"), "--num-threads", "1", "--log-level", "warning"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        while not _ready(url):
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()[-2000:]
+            time.sleep(0.2)
+        text = tmp_path / "sport.txt"
+        text.write_text(
+            "Arsenal beat Chelsea 2-1 in the Premier League on Saturday. The striker scored twice in the second "
+            "half and the manager praised his defence after the match. The win lifts the club to second in the "
+            "table, three points behind the leaders, with the cup final against Liverpool next week."
+        )
+        done = subprocess.run([str(lean_venv / "bin" / "lara"), "--url", url, "predict", "--json", "--model",
+                               "lara-text-news", str(text)], capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["label"] == "sport"
+        metadata = httpx.get(f"{url}/v2/models/lara-vit-fashion").json()
+        assert metadata["parameters"]["image_size"] == [28, 28]
+        assert httpx.get(f"{url}/docs").status_code == 200  # the offline docs come with the lean install
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/v2/health/ready", timeout=1.0).status_code == 200
+    except httpx.HTTPError:
+        return False
