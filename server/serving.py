@@ -38,10 +38,14 @@ SHUTDOWN_BACKSTOP_S = 5.0  # after the drain: responses still being written get 
 IDLE_LINGER_S = 0.5
 
 
-def fit_connections(requested: int) -> int:
-    """max_connections that the open-file limit allows; raises the soft limit toward the hard one first."""
+def fit_connections(requested: int, backlog: int = 2048) -> tuple[int, int]:
+    """(max_connections, listen backlog) that fit the open-file limit, raising the soft limit first.
+
+    asyncio accepts up to `backlog` pending connections in one go before any is refused, so a burst can
+    hold max_connections + backlog descriptors at once; both must fit, or accept() fails with EMFILE.
+    """
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    needed = requested + FD_RESERVE
+    needed = requested + backlog + FD_RESERVE
     if needed > soft and (hard == resource.RLIM_INFINITY or hard > soft):
         target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
         try:
@@ -49,10 +53,14 @@ def fit_connections(requested: int) -> int:
             soft = target
         except (ValueError, OSError):
             pass
-    fitted = max(1, min(requested, soft - FD_RESERVE))
-    if fitted < requested:
-        log.warning("max_connections lowered from %d to %d to fit the open-file limit (%d)", requested, fitted, soft)
-    return fitted
+    budget = max(2, soft - FD_RESERVE)
+    if requested + backlog <= budget:
+        return requested, backlog
+    fitted_backlog = max(1, min(backlog, budget // 4))
+    fitted = max(1, min(requested, budget - fitted_backlog))
+    log.warning("open-file limit %d: max_connections %d -> %d, listen backlog %d -> %d",
+                soft, requested, fitted, backlog, fitted_backlog)  # fmt: skip
+    return fitted, fitted_backlog
 
 
 def raw_response(status: int, message: str, extra: dict[str, str] | None = None) -> bytes:
@@ -178,12 +186,14 @@ class DrainingServer(uvicorn.Server):
 
 def build_server(app: Any, state: AppState) -> DrainingServer:
     settings = state.settings
+    max_connections, backlog = fit_connections(settings.max_connections)
     config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        http=guarded_protocol(state, fit_connections(settings.max_connections)),
+        http=guarded_protocol(state, max_connections),
+        backlog=backlog,
         timeout_keep_alive=settings.keep_alive_timeout_s,  # type: ignore[arg-type]
         timeout_graceful_shutdown=int(SHUTDOWN_BACKSTOP_S),
     )

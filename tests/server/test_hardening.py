@@ -183,3 +183,19 @@ def test_strict_models_refuses_to_start(broken_repo: Path) -> None:
     assert list(models) == ["healthy"] and failed == {}
     for model in models.values():
         model.backend.close()
+
+
+def test_connection_cap_and_backlog_fit_a_low_open_file_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    import resource
+
+    from server import serving
+
+    def refuse(*_: object) -> None:
+        raise ValueError("cannot raise the limit")
+
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (256, 256))
+    monkeypatch.setattr(resource, "setrlimit", refuse)
+    connections, backlog = serving.fit_connections(1000)
+    assert connections + backlog + serving.FD_RESERVE <= 256 and connections >= 100
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (1 << 20, 1 << 20))
+    assert serving.fit_connections(1000) == (1000, 2048)  # room enough: as asked
