@@ -148,6 +148,11 @@ def test_ui_classifies_a_fashion_image_and_a_news_article(browser: Any, shipped_
     assert image["queue"].endswith(" ms") and image["inference"].endswith(" ms")
     screenshot(page, tmp_path, "ui-image.png")
 
+    # Other lengths through the API first: the chart is built from what the server measured, not the page.
+    doc = (text * 8).encode()
+    for length in (300, 4000, 8000):
+        body = {"instances": [doc[:length].decode(errors="ignore")]}
+        assert httpx.post(f"{shipped_url}/v1/models/lara-text-news:predict", json=body, timeout=60).status_code == 200
     page.select_option("#model", "lara-text-news")
     page.wait_for_selector("#text-input:not([hidden])")
     page.fill("#text", text)
@@ -157,7 +162,10 @@ def test_ui_classifies_a_fashion_image_and_a_news_article(browser: Any, shipped_
     news = _read_result(page)
     assert news["label"] == text_label and news["truncated"].startswith("no")
     page.wait_for_selector("#chart rect", timeout=10_000)  # latency-vs-length from the server's /metrics
-    assert page.locator("#chart rect").count() >= 1
+    bars = page.locator("#chart rect")
+    lengths = [int(bars.nth(i).get_attribute("data-length") or 0) for i in range(bars.count())]
+    sent = (300, 4000, 8000, len(text.encode()))
+    assert lengths == sorted({1 << (n - 1).bit_length() for n in sent})  # each length's power-of-two bucket
     screenshot(page, tmp_path, "ui.png")
 
     page.select_option("#truncate", "false")
