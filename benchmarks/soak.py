@@ -271,10 +271,14 @@ def _raw_predict(port: int, model: str, docs: list[str]) -> socket.socket:
 
 
 def scenario_hang_ups(repo: Path, model: str) -> dict[str, Any]:
-    """100 clients send 2-3 documents each and hang up after 0.5 s."""
+    """100 clients send 2-3 documents each and hang up 0.5 s after the server has queued them all (on a
+    loaded machine the server may take longer than 0.5 s just to read 100 bodies)."""
     server = Server(repo, {"LARA_NUM_THREADS": "1"})
     docs = [[" ".join(random.choices(WORDS, k=300))] * random.randint(2, 3) for _ in range(100)]
     socks = [_raw_predict(server.port, model, d) for d in docs]
+    deadline = time.monotonic() + 60
+    while server.metric("lara_requests_in_flight") < 100 and time.monotonic() < deadline:
+        time.sleep(0.1)
     time.sleep(0.5)
     computed_before = server.metric("lara_batch_size_sum")
     for sock in socks:
