@@ -105,17 +105,20 @@ def classify_files(client: LaraClient, args: argparse.Namespace, out: TextIO) ->
     for path in args.files:
         try:
             data = path.read_bytes()
-            if task == "text":
+            guessed = mimetypes.guess_type(path.name)[0] or ""
+            if task == "text" and not guessed.startswith("image/"):
                 content_type = f"text/plain; charset={args.charset}"
+            elif guessed.startswith("image/"):
+                content_type = guessed  # to a text model: the server's 415 says what it takes
             else:
-                content_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
-                if not content_type.startswith("image/"):
-                    content_type = "application/octet-stream"  # the server sniffs what it is
+                content_type = "application/octet-stream"  # the server sniffs what it is
             prediction = client.classify(args.model, data, content_type, truncate=args.truncate or False,
                                          top_k=args.top_k)  # fmt: skip
         except LaraError as exc:
             failed += 1
-            hint = " (use --truncate to cut long texts)" if exc.status == 413 else ""
+            hint = (
+                " (use --truncate to cut long texts)" if exc.status == 413 and "--truncate" not in exc.message else ""
+            )
             _report_error(out, path, f"HTTP {exc.status}: {exc.message}{hint}", exc.status, args.json)
         except OSError as exc:
             failed += 1
