@@ -91,8 +91,8 @@ def test_shutdown_under_load_loses_no_accepted_request(slow_repo: Path, sig: sig
             accepted = [pool.submit(predict, url, 8) for _ in range(16)]  # 16 clients x 8 texts
             wait_for(lambda: metric(url, "lara_queue_depth", f'{{model="{MODEL}"}}') >= 64)  # 8+ requests wait
             proc.send_signal(sig)
-            wait_for(lambda: httpx.get(f"{url}/v2/health/ready", timeout=5).status_code == 503, 5)
-            late = httpx.post(f"{url}/v1/models/{MODEL}:predict", json={"instances": ["late"]}, timeout=10)
+            wait_for(lambda: httpx.get(f"{url}/v2/health/ready", timeout=30).status_code == 503, 30)
+            late = httpx.post(f"{url}/v1/models/{MODEL}:predict", json={"instances": ["late"]}, timeout=30)
             results = [f.result(timeout=120) for f in accepted]
         assert late.status_code == 503 and late.headers["content-type"] == "application/json"
         assert int(late.headers["retry-after"]) >= 1 and "shutting down" in late.json()["error"]
