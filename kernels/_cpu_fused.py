@@ -34,7 +34,7 @@ from torch import Tensor
 
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = ("lara_cpu.cpp", "lara_impl.h")
-ABI_VERSION = 1
+ABI_VERSION = 2
 # Portable on purpose (no -march=native): baseline ISA plus an AVX2/FMA variant chosen at run time
 # inside the source. -fno-math-errno lets exp/sqrt inline; no -ffast-math: the kernel relies on inf.
 CXXFLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno")
@@ -84,7 +84,9 @@ def _open(path: Path) -> ctypes.CDLL:
     if lib.lara_cpu_abi_version() != ABI_VERSION:
         raise RuntimeError(f"{path} has ABI {lib.lara_cpu_abi_version()}, expected {ABI_VERSION}")
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.lara_cpu_forward.argtypes = [i64] * 5 + [ptr] * 6 + [i64, ptr, ctypes.c_float, ptr, ctypes.c_int, ctypes.c_int]
+    lib.lara_cpu_forward.argtypes = (
+        [i64] * 5 + [ptr] * 7 + [i64, ptr, ctypes.c_float, ptr, ctypes.c_int, ctypes.c_int]
+    )  # fmt: skip
     lib.lara_cpu_forward.restype = ctypes.c_int
     lib.lara_cpu_variant.argtypes = [ctypes.c_int]
     lib.lara_cpu_variant.restype = ctypes.c_int
@@ -138,6 +140,10 @@ def variant(force_generic: bool = False) -> str:
     return "avx2" if lib.lara_cpu_variant(int(force_generic)) else "generic"
 
 
+def _unit_last_stride(t: Tensor) -> Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
 def _ptr(t: Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
@@ -162,7 +168,11 @@ def lara_forward_fused(
         raise RuntimeError(unavailable_reason())
     b, h, n, d = q.shape
     c = q_landmarks.shape[-2]
-    f32 = [t.to(torch.float32).contiguous() for t in (q, k, v, q_landmarks, k_landmarks)]
+    # q, k, v keep their (B, H, N) strides (e.g. views of one fused qkv projection): no copy when the
+    # last dim is contiguous. The small per-head tensors are made contiguous.
+    qkv = [_unit_last_stride(t.to(torch.float32)) for t in (q, k, v)]
+    ql, kl = (t.to(torch.float32).contiguous() for t in (q_landmarks, k_landmarks))
+    strides = (ctypes.c_int64 * 9)(*(s for t in qkv for s in t.stride()[:3]))
     nz = None if noise is None else noise.to(torch.float32).contiguous()
     mask = None if key_padding_mask is None else key_padding_mask.contiguous().view(torch.uint8)
     out = torch.empty(b, h, n, d, dtype=torch.float32)
@@ -171,8 +181,8 @@ def lara_forward_fused(
     threads = num_threads or torch.get_num_threads()
     nz_stride = 0 if nz is None or nz.shape[0] == 1 else h * c * d
     rc = lib.lara_cpu_forward(
-        b, h, n, d, c, *(_ptr(t) for t in f32), _ptr(nz), nz_stride, _ptr(mask), alpha_coeff, _ptr(out), threads,
-        int(force_generic),
+        b, h, n, d, c, *(_ptr(t) for t in qkv), ctypes.addressof(strides), _ptr(ql), _ptr(kl), _ptr(nz), nz_stride,
+        _ptr(mask), alpha_coeff, _ptr(out), threads, int(force_generic),
     )  # fmt: skip
     if rc != 0:
         raise RuntimeError(f"lara_cpu_forward failed with code {rc} for q {tuple(q.shape)}, C = {c}")

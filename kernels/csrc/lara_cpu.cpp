@@ -29,16 +29,17 @@ namespace lara {
 // All arguments of one call; tensors are contiguous float32 in the shapes of kernels.lara_attention.
 struct Args {
   int64_t B, H, N, D, C;
-  const float* q;           // [B, H, N, D]
-  const float* k;           // [B, H, N, D]
-  const float* v;           // [B, H, N, D]
+  const float* q;           // [B, H, N, D], any strides for B, H, N; D contiguous
+  const float* k;           // [B, H, N, D], idem
+  const float* v;           // [B, H, N, D], idem
+  int64_t qs[3], ks[3], vs[3];  // element strides of q, k, v over (B, H, N): views of a fused qkv need no copy
   const float* ql;          // [B, H, C, D]
   const float* kl;          // [B, H, C, D]
   const float* noise;       // [B or 1, H, C, D] or null (eval)
   int64_t noise_bstride;    // 0 when the noise broadcasts over the batch
   const uint8_t* mask;      // [B, N], 1 = padding, or null
   float alpha_coeff;
-  float* out;               // [B, H, N, D]
+  float* out;               // [B, H, N, D], contiguous
 };
 
 }  // namespace lara
@@ -80,15 +81,22 @@ extern "C" {
 int lara_cpu_variant(int force_generic) { return (!force_generic && cpu_has_avx2_fma()) ? 1 : 0; }
 
 // ABI version: kernels/_cpu_fused.py refuses a cached library whose version differs.
-int lara_cpu_abi_version() { return 1; }
+int lara_cpu_abi_version() { return 2; }
 
 // LARA forward. Returns 0 on success, a negative code for bad sizes (the Python side validates first).
+// strides: 9 element strides, (B, H, N) of q, then of k, then of v.
 int lara_cpu_forward(int64_t B, int64_t H, int64_t N, int64_t D, int64_t C, const float* q, const float* k,
-                     const float* v, const float* ql, const float* kl, const float* noise, int64_t noise_bstride,
-                     const uint8_t* mask, float alpha_coeff, float* out, int num_threads, int force_generic) {
+                     const float* v, const int64_t* strides, const float* ql, const float* kl, const float* noise,
+                     int64_t noise_bstride, const uint8_t* mask, float alpha_coeff, float* out, int num_threads,
+                     int force_generic) {
   if (B < 0 || H < 0 || N < 0 || D < 1 || C < 1) return -1;
   if (num_threads < 1) num_threads = 1;
-  lara::Args a{B, H, N, D, C, q, k, v, ql, kl, noise, noise_bstride, mask, alpha_coeff, out};
+  lara::Args a{B, H, N, D, C, q, k, v, {}, {}, {}, ql, kl, noise, noise_bstride, mask, alpha_coeff, out};
+  for (int i = 0; i < 3; ++i) {
+    a.qs[i] = strides[i];
+    a.ks[i] = strides[3 + i];
+    a.vs[i] = strides[6 + i];
+  }
 #if LARA_HAVE_X86
   if (lara_cpu_variant(force_generic)) return lara::avx2::forward(a, num_threads);
 #endif

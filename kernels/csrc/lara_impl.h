@@ -202,14 +202,18 @@ struct Plan {
   float* rlse(int64_t bh) { return bias(bh) + Cp; }
   int64_t chunks(int64_t b) const { return (len[b] + KEY_CHUNK - 1) / KEY_CHUNK; }
 
-  // Rows [t0, t0 + nb) of the compacted document: a pointer into x when contiguous, else gathered.
-  const float* rows(const float* x, int64_t b, int64_t t0, int64_t nb, float* buf) const {
-    const int64_t D = a.D;
-    if (!a.mask) return x + t0 * D;
+  // Rows [t0, t0 + nb) of the compacted document (x: row 0 of one (b, h), rows ld apart): a pointer
+  // into x when the rows are consecutive positions, else gathered into buf (rows D apart).
+  struct Rows {
+    const float* p;
+    int64_t ld;
+  };
+  Rows rows(const float* x, int64_t ld, int64_t b, int64_t t0, int64_t nb, float* buf) const {
+    if (!a.mask) return {x + t0 * ld, ld};
     const int64_t* id = idx[b].data() + t0;
-    if (id[nb - 1] - id[0] == nb - 1) return x + id[0] * D;
-    for (int64_t r = 0; r < nb; ++r) std::memcpy(buf + r * D, x + id[r] * D, D * sizeof(float));
-    return buf;
+    if (id[nb - 1] - id[0] == nb - 1) return {x + id[0] * ld, ld};
+    for (int64_t r = 0; r < nb; ++r) std::memcpy(buf + r * a.D, x + id[r] * ld, a.D * sizeof(float));
+    return {buf, a.D};
   }
   int64_t pos(int64_t b, int64_t t) const { return a.mask ? idx[b][t] : t; }
 };
@@ -274,9 +278,9 @@ inline void online_update(float* S, int64_t nb, int64_t Cp, float* m, float* s, 
 inline void key_chunk(Plan& pl, int64_t b, int64_t h, int64_t chunk, float* part, float* scratch) {
   const Args& a = pl.a;
   const int64_t D = a.D, Cp = pl.Cp, bh = b * a.H + h, T = KEY_TILE;
-  const float* kx = a.k + bh * a.N * D;
-  const float* vx = a.v + bh * a.N * D;
-  const float* qx = a.q + bh * a.N * D;
+  const float* kx = a.k + b * a.ks[0] + h * a.ks[1];
+  const float* vx = a.v + b * a.vs[0] + h * a.vs[1];
+  const float* qx = a.q + b * a.qs[0] + h * a.qs[1];
   const float* P = pl.P(bh);
   float *F = part, *m = F + Cp * D, *s = m + Cp, *rm = s + Cp, *rs = rm + Cp;
   float *S = scratch, *R = S + T * Cp, *kb = R + T * Cp, *vb = kb + T * D, *qb = vb + T * D;
@@ -289,17 +293,18 @@ inline void key_chunk(Plan& pl, int64_t b, int64_t h, int64_t chunk, float* part
   const int64_t t_end = std::min(pl.len[b], (chunk + 1) * KEY_CHUNK);
   for (int64_t t0 = chunk * KEY_CHUNK; t0 < t_end; t0 += T) {
     const int64_t nb = std::min(T, t_end - t0);
-    const float* kt = pl.rows(kx, b, t0, nb, kb);
-    const float* vt = pl.rows(vx, b, t0, nb, vb);
-    const float* qt = pl.rows(qx, b, t0, nb, qb);
+    const Plan::Rows kt = pl.rows(kx, a.ks[2], b, t0, nb, kb);
+    const Plan::Rows vt = pl.rows(vx, a.vs[2], b, t0, nb, vb);
+    const Plan::Rows qt = pl.rows(qx, a.qs[2], b, t0, nb, qb);
     // -- key logits log xi(k_j, w_c) = scale w_c . k_j - scale/2 |k_j|^2, S [nb, Cp] --
-    gemm(nb, Cp, D, kt, D, 1, P, 2 * Cp, S, Cp, false);
+    gemm(nb, Cp, D, kt.p, kt.ld, 1, P, 2 * Cp, S, Cp, false);
     for (int64_t j = 0; j < nb; ++j) {
+      const float* kj = kt.p + j * kt.ld;
       Vec acc2 = Vec::set1(0.f);
       int64_t d = 0;
-      for (; d + W <= D; d += W) acc2 = fmadd(Vec::load(kt + j * D + d), Vec::load(kt + j * D + d), acc2);
+      for (; d + W <= D; d += W) acc2 = fmadd(Vec::load(kj + d), Vec::load(kj + d), acc2);
       float sq = hsum(acc2);
-      for (; d < D; ++d) sq += kt[j * D + d] * kt[j * D + d];
+      for (; d < D; ++d) sq += kj[d] * kj[d];
       const Vec off = Vec::set1(-0.5f * pl.scale * sq);
       for (int64_t c = 0; c < Cp; c += W) (Vec::load(S + j * Cp + c) + off).store(S + j * Cp + c);
     }
@@ -311,9 +316,9 @@ inline void key_chunk(Plan& pl, int64_t b, int64_t h, int64_t chunk, float* part
       for (; d + W <= D; d += W) (Vec::load(F + c * D + d) * f).store(F + c * D + d);
       for (; d < D; ++d) F[c * D + d] *= corr[c];
     }
-    gemm(a.C, D, nb, S, 1, Cp, vt, D, F, D, true);
+    gemm(a.C, D, nb, S, 1, Cp, vt.p, vt.ld, F, D, true);
     // -- rho's normalizer: running logsumexp over queries of scale q~_c . q_n --
-    gemm(nb, Cp, D, qt, D, 1, P + Cp, 2 * Cp, R, Cp, false);
+    gemm(nb, Cp, D, qt.p, qt.ld, 1, P + Cp, 2 * Cp, R, Cp, false);
     online_update(R, nb, Cp, rm, rs, corr, tsum);
   }
 }
@@ -353,7 +358,7 @@ inline void combine(Plan& pl, int64_t b, int64_t h, const float* parts, int64_t 
 inline void query_block(Plan& pl, int64_t b, int64_t h, int64_t t_begin, float* scratch) {
   const Args& a = pl.a;
   const int64_t D = a.D, C = a.C, Cp = pl.Cp, bh = b * a.H + h, T = QUERY_TILE;
-  const float* qx = a.q + bh * a.N * D;
+  const float* qx = a.q + b * a.qs[0] + h * a.qs[1];
   float* ox = a.out + bh * a.N * D;
   const float *P = pl.P(bh), *F = pl.F(bh), *bhv = pl.bhv(bh), *bias = pl.bias(bh), *rlse = pl.rlse(bh);
   float *L = scratch, *E = L + T * 2 * Cp, *qb = E + T * Cp, *ob = qb + T * D, *tot = ob + T * D;
@@ -362,9 +367,9 @@ inline void query_block(Plan& pl, int64_t b, int64_t h, int64_t t_begin, float* 
   const int64_t t_end = std::min(pl.len[b], t_begin + QUERY_TASK);
   for (int64_t t0 = t_begin; t0 < t_end; t0 += T) {
     const int64_t nb = std::min(T, t_end - t0);
-    const float* qt = pl.rows(qx, b, t0, nb, qb);
+    const Plan::Rows qt = pl.rows(qx, a.qs[2], b, t0, nb, qb);
     // -- [log xi(q_n, w_c) (without the -|q|^2/2 term, constant over c) | q~_c . q_n] * scale --
-    gemm(nb, 2 * Cp, D, qt, D, 1, P, 2 * Cp, L, 2 * Cp, false);
+    gemm(nb, 2 * Cp, D, qt.p, qt.ld, 1, P, 2 * Cp, L, 2 * Cp, false);
     for (int64_t n = 0; n < nb; ++n) {
       float *lq = L + n * 2 * Cp, *lr = lq + Cp, *e = E + n * Cp;
       Vec rsum = Vec::set1(0.f), lmax = Vec::set1(-INF);

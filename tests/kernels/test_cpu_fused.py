@@ -139,6 +139,22 @@ def test_bitwise_invariance_through_the_public_function_at_a_multi_chunk_length(
     assert torch.equal(alone, batched[:1, :, :4_321])
 
 
+def test_strided_views_of_a_fused_qkv_give_the_same_bits_as_contiguous_copies():
+    """The models pass q, k, v as permuted views of one [B, N, 3, H, D] projection; the kernel reads
+    them in place (row stride 3*H*D) and must give exactly what it gives on contiguous copies."""
+    b, n, h, d, c = 2, 300, 3, 32, 8
+    qkv = torch.randn(b, n, 3, h, d, generator=torch.Generator().manual_seed(5)).permute(2, 0, 3, 1, 4)
+    q, k, v = qkv.unbind(0)  # [B, H, N, D] views, not contiguous
+    assert not q.is_contiguous()
+    mask = tail_padding([300, 200], n)
+    ql, kl = chunk_means_1d(q, c, mask), chunk_means_1d(k, c, mask)
+    views = _cpu_fused.lara_forward_fused(q, k, v, ql, kl, mask, 1.0, None)
+    copies = _cpu_fused.lara_forward_fused(q.contiguous(), k.contiguous(), v.contiguous(), ql, kl, mask, 1.0, None)
+    assert torch.equal(views, copies)
+    odd = q.transpose(-1, -2).contiguous().transpose(-1, -2)  # last dim not contiguous: copied first
+    assert torch.equal(_cpu_fused.lara_forward_fused(odd, k, v, ql, kl, mask, 1.0, None), views)
+
+
 def test_dispatch_prefers_the_kernel_on_cpu():
     args = make_inputs(1, 1, 8, 16, 2, seed=0, dtype=torch.float32)
     assert select_backend(LaraInputs(*args, None, 1.0, None)) is CpuFusedBackend
