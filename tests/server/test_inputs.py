@@ -226,6 +226,11 @@ async def test_metrics_without_the_key_only_when_asked(make_settings: Callable[.
     key = {"api_key": "metrics-test-key"}
     async with serve(make_settings(**key)) as locked:
         assert (await locked.get("/metrics")).status_code == 401
+        assert (await locked.get("/info")).status_code == 401
+        # The pages are public (they hold no data); the calls they make carry the key the user types in.
+        for page in ("/ui", "/ui/app.js", "/docs", "/redoc"):
+            assert (await locked.get(page)).status_code == 200, page
+        assert (await locked.get("/ui/../settings.py")).status_code == 404
     async with serve(make_settings(**key, metrics_auth=False)) as open_metrics:
         assert (await open_metrics.get("/metrics")).status_code == 200
         assert (await open_metrics.get("/v1/models")).status_code == 401  # the API still needs the key
