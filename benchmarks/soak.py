@@ -44,22 +44,8 @@ from server.settings import DEFAULT_MODEL_REPOSITORY  # noqa: E402
 from server.testing import free_port  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
-WORDS = [
-    "market",
-    "team",
-    "election",
-    "science",
-    "goal",
-    "engine",
-    "rates",
-    "vote",
-    "match",
-    "orbit",
-    "trade",
-    "court",
-    "storm",
-    "chip",
-]
+WORDS = ("market", "team", "election", "science", "goal", "engine", "rates", "vote",
+         "match", "orbit", "trade", "court", "storm", "chip")  # fmt: skip
 
 
 def proc_stats(pid: int) -> tuple[float, int]:

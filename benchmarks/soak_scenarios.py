@@ -27,7 +27,8 @@ import httpx
 from server.repository import read_config
 from server.testing import free_port
 
-WORDS = "market team election science goal engine rates vote match orbit trade court storm chip".split()
+WORDS = ("market", "team", "election", "science", "goal", "engine", "rates", "vote",
+         "match", "orbit", "trade", "court", "storm", "chip")  # fmt: skip
 SOAK = Path(__file__).resolve().parent / "soak.py"
 
 
