@@ -74,6 +74,9 @@ def _deployment_options(ray_options: dict[str, str], max_ongoing_requests: int) 
 
 def _serve() -> Any:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # Set before Ray is imported: how long ray.init waits for the raylet to register with GCS. A busy machine
+    # (CI on 2 cores) needs more than the default, or ray.init fails with "node timed out during startup".
+    os.environ.setdefault("RAY_raylet_start_wait_time_s", "120")
     try:
         from ray import serve
     except ImportError as exc:
