@@ -27,12 +27,53 @@ IDS, MASK, PIXELS = "input_ids", "attention_mask", "pixel_values"
 class Item:
     arrays: dict[str, np.ndarray]  # input name -> array without batch axis: [L] for text, [C, H, W]
     length: int  # cost unit of the batcher: tokens for text, 1 for an image
+    truncated: bool = False  # text only: the input was longer than max_length and was cut
 
 
 # -- text ----------------------------------------------------------------------------------------------
 
+# What a truncated text keeps: its first max_length bytes, its last, or half of each (the ends of a long
+# document often say most about it). `true` means "head", the usual choice of text servers.
+TRUNCATION_SIDES = ("head", "tail", "head+tail")
+_TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no", "")
 
-def text_item(data: bytes, prep: TextPreprocessing, truncate: bool) -> Item:
+
+def truncation_side(value: object) -> str | None:
+    """A request's `truncate` (bool, or "head" | "tail" | "head+tail", or a query string) -> side or None."""
+    if isinstance(value, bool) or value is None:
+        return "head" if value else None
+    if isinstance(value, str):
+        v = value.strip().lower().replace(" ", "+")  # an unescaped "+" in a query string arrives as a space
+        if v in TRUNCATION_SIDES:
+            return v
+        if v in _TRUE:
+            return "head"
+        if v in _FALSE:
+            return None
+    raise invalid(f"truncate must be true, false, or one of {list(TRUNCATION_SIDES)}; got {value!r}")
+
+
+def _too_long(what: str, n: int, limit: int) -> ServeError:
+    return too_large(
+        f"{what} has {n} tokens (bytes); the model takes at most {limit}. Ask for truncation with truncate="
+        f"{' | '.join(TRUNCATION_SIDES)} (keep the first {limit}, the last {limit}, or half of each): "
+        "?truncate=head on :classify and :predict, parameters.truncate in a JSON body, --truncate in the CLI"
+    )
+
+
+def cut(seq: np.ndarray, limit: int, side: str) -> np.ndarray:
+    """The part of a 1-D sequence that `side` keeps when it is longer than `limit`."""
+    if len(seq) <= limit:
+        return seq
+    if side == "head":
+        return seq[:limit]
+    if side == "tail":
+        return seq[len(seq) - limit :]
+    head = (limit + 1) // 2
+    return np.concatenate([seq[:head], seq[len(seq) - (limit - head) :]])
+
+
+def text_item(data: bytes, prep: TextPreprocessing, truncate: str | None) -> Item:
     """UTF-8 bytes -> byte ids (+ byte_offset); longer than max_length is 413 unless truncation is asked."""
     try:
         data.decode("utf-8")
@@ -40,18 +81,14 @@ def text_item(data: bytes, prep: TextPreprocessing, truncate: bool) -> Item:
         raise invalid(f"text must be UTF-8: {exc}") from None
     if not data:
         raise invalid("text must not be empty")
-    if len(data) > prep.max_length:
-        if not truncate:
-            raise too_large(
-                f"text has {len(data)} bytes; the model takes at most {prep.max_length} "
-                "(ask for truncation with parameters.truncate=true / ?truncate=true)"
-            )
-        data = data[: prep.max_length]
+    if len(data) > prep.max_length and truncate is None:
+        raise _too_long("text", len(data), prep.max_length)
     ids = np.frombuffer(data, dtype=np.uint8).astype(np.int64) + prep.byte_offset  # [L]
-    return Item({IDS: ids, MASK: np.ones_like(ids)}, length=len(data))
+    kept = cut(ids, prep.max_length, truncate or "head")  # the byte model reads bytes: a cut mid-character is fine
+    return Item({IDS: kept, MASK: np.ones_like(kept)}, length=len(kept), truncated=len(kept) < len(ids))
 
 
-def text_items_from_tensors(tensors: dict[str, np.ndarray], config: ModelConfig, truncate: bool) -> list[Item]:
+def text_items_from_tensors(tensors: dict[str, np.ndarray], config: ModelConfig, truncate: str | None) -> list[Item]:
     """Pre-tokenized `input_ids` [B, L] (+ optional `attention_mask` [B, L], 1 = real token)."""
     prep = config.preprocessing
     assert isinstance(prep, TextPreprocessing)
@@ -63,24 +100,22 @@ def text_items_from_tensors(tensors: dict[str, np.ndarray], config: ModelConfig,
         raise invalid(f"{IDS} and {MASK} must both be [batch, length]; got {ids.shape} and {mask.shape}")
     if ids.shape[1] == 0:
         raise invalid(f"{IDS} must have length >= 1")
-    if ids.shape[1] > prep.max_length:
-        if not truncate:
-            raise too_large(
-                f"{IDS} has length {ids.shape[1]}; the model takes at most {prep.max_length} "
-                "(or set parameters.truncate=true)"
-            )
-        ids, mask = ids[:, : prep.max_length], mask[:, : prep.max_length]
     if ids.size and (ids.min() < 0 or ids.max() >= config.vocab_size):
         raise invalid(f"{IDS} must be in [0, {config.vocab_size}); got [{ids.min()}, {ids.max()}]")
     if not np.isin(mask, (0, 1)).all():
         raise invalid(f"{MASK} must hold only 0 and 1")
     if not mask.any(axis=1).all():
         raise invalid(f"every row of {MASK} needs at least one 1 (a real token)")
-    # A row's trailing padding is dropped so its cost and padded length match the raw-text path.
+    # A row's trailing padding is dropped so its cost and padded length match the raw-text path; the limit
+    # applies to what is left.
     items = []
     for row_ids, row_mask in zip(ids, mask, strict=True):
         last = int(np.flatnonzero(row_mask)[-1]) + 1
-        items.append(Item({IDS: row_ids[:last].copy(), MASK: row_mask[:last].copy()}, length=last))
+        if last > prep.max_length and truncate is None:
+            raise _too_long(f"a row of {IDS}", last, prep.max_length)
+        kept_ids = cut(row_ids[:last], prep.max_length, truncate or "head").copy()
+        kept_mask = cut(row_mask[:last], prep.max_length, truncate or "head").copy()
+        items.append(Item({IDS: kept_ids, MASK: kept_mask}, length=len(kept_ids), truncated=len(kept_ids) < last))
     return items
 
 

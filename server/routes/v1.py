@@ -12,14 +12,14 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from server.errors import ErrorKind, ServeError, invalid, malformed
+from server.errors import ErrorKind, ServeError, invalid
+from server.inputs import model_bytes, parse_content_type
+from server.model_card import ANY_TYPES, FORM_TYPES, IMAGE_TYPES, TEXT_TYPES, describe
 from server.models import ServedModel
-from server.preprocess import Item
+from server.preprocess import Item, truncation_side
 from server.routes.common import State, predictions, require_api_key, timing_headers, track
-from server.schemas import B64Instance, ClassifyResponse, ErrorBody, V1PredictRequest, V1PredictResponse
+from server.schemas import B64Instance, ClassifyResponse, ErrorBody, V1PredictRequest, V1PredictResponse, parse_body
 
-IMAGE_TYPES = ("image/png", "image/jpeg", "image/webp", "image/bmp", "image/gif")
-TEXT_TYPES = ("text/plain",)
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody} for code in (400, 401, 404, 413, 415, 422, 429, 503, 504)
 }
@@ -34,9 +34,7 @@ async def list_models(state: State) -> dict[str, list[str]]:
 @router.get("/v1/models/{name}")
 async def model_status(name: str, state: State) -> dict[str, Any]:
     model = state.model(name)
-    config = model.config
-    return {"name": model.name, "version": model.version, "ready": True, "task": config.task,
-            "labels": config.labels}  # fmt: skip
+    return {**model.limits(), **describe(model), "ready": True}
 
 
 _PREDICT_DOC: dict[str, Any] = {
@@ -44,34 +42,57 @@ _PREDICT_DOC: dict[str, Any] = {
 }
 
 
+_TRUNCATE_QUERY = Query(
+    description="Long texts: false = 413; true/head keeps the first max_length bytes, tail the last, head+tail "
+    "half of each"
+)
+
+
 @router.post("/v1/models/{name}:predict", openapi_extra=_PREDICT_DOC, responses={200: {"model": V1PredictResponse}})
-async def predict(name: str, request: Request, state: State) -> JSONResponse:
-    """Instances in, predictions out, in request order. Texts as strings, images as {"b64": ...}."""
+async def predict(
+    name: str, request: Request, state: State, truncate: Annotated[str | None, _TRUNCATE_QUERY] = None
+) -> JSONResponse:
+    """Instances in, predictions out, in request order. Texts as strings, images as {"b64": ...}.
+
+    Truncation: `parameters.truncate` in the body, else the `truncate` query parameter."""
     settings = state.settings
     with track(state, name):
         model = state.model(name)
-        try:
-            body = V1PredictRequest.model_validate_json(await request.body())
-        except ValidationError as exc:
-            raise malformed(f"body must be {{'instances': [...], 'parameters': {{...}}}}: {_short(exc)}") from None
+        expected = "body must be {'instances': [...], 'parameters': {...}}"
+        body = parse_body(V1PredictRequest, await request.body(), expected)
         if len(body.instances) > settings.max_queue_size:
             raise ServeError(
                 ErrorKind.TOO_LARGE,
                 f"{len(body.instances)} instances; at most max_queue_size={settings.max_queue_size}",
             )
         raw = [_instance_bytes(model, i, n) for n, i in enumerate(body.instances)]
-        items = await _to_items(model, raw, body.parameters.truncate, settings.max_image_pixels)
+        side = truncation_side(body.parameters.truncate) or truncation_side(truncate)
+        items = await _to_items(model, raw, side, settings.max_image_pixels)
         results = await model.classify(items, settings.request_timeout_s)
         probabilities = np.stack([r.value for r in results])  # [B, n_labels]
         top_k = body.parameters.top_k or settings.default_top_k
-        response = V1PredictResponse(predictions=predictions(model, probabilities, top_k))
+        preds = predictions(model, probabilities, top_k)
+        for prediction, item in zip(preds, items, strict=True):
+            prediction.truncated = item.truncated
+        state.metrics.observe_items(model.name, [i.length for i in items], [r.queue_s + r.inference_s for r in results])
+        response = V1PredictResponse(predictions=preds)
         return JSONResponse(response.model_dump(), headers=timing_headers(state, name, results))
 
 
 _CLASSIFY_DOC: dict[str, Any] = {
     "requestBody": {
         "required": True,
-        "content": {t: {"schema": {"type": "string", "format": "binary"}} for t in (*IMAGE_TYPES, *TEXT_TYPES)},
+        "content": {
+            **{
+                t: {"schema": {"type": "string", "format": "binary"}} for t in (*IMAGE_TYPES, *TEXT_TYPES, ANY_TYPES[1])
+            },
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "properties": {"file": {"type": "array", "items": {"type": "string", "format": "binary"}}},
+                }
+            },
+        },
     }
 }
 
@@ -81,39 +102,66 @@ async def classify(
     name: str,
     request: Request,
     state: State,
-    truncate: Annotated[bool, Query(description="Cut texts longer than the model's max_length")] = False,
+    truncate: Annotated[str | None, _TRUNCATE_QUERY] = None,
     top_k: Annotated[int | None, Query(ge=1, description="Labels in top_k")] = None,
 ) -> JSONResponse:
-    """The raw body is one image (image/png, image/jpeg, ...) or one UTF-8 text (text/plain)."""
+    """The body is one image (image/png, ...) or one text (text/plain; any charset is decoded), raw bytes
+    (application/octet-stream: the kind is sniffed), or a multipart/form-data upload (`curl -F file=@a.png`).
+
+    One file: the prediction with model_name and model_version. Several files (multipart): `predictions`,
+    one per file in upload order, each with its `filename`."""
     settings = state.settings
     with track(state, name):
         model = state.model(name)
-        _check_media_type(model, request.headers.get("content-type"))
-        items = await _to_items(model, [await request.body()], truncate, settings.max_image_pixels)
-        results = await model.classify(items, settings.request_timeout_s)
-        (prediction,) = predictions(model, results[0].value[None], top_k or settings.default_top_k)
-        response = ClassifyResponse(model_name=model.name, model_version=model.version, **prediction.model_dump())
-        return JSONResponse(response.model_dump(), headers=timing_headers(state, name, results))
-
-
-def _check_media_type(model: ServedModel, content_type: str | None) -> None:
-    allowed = TEXT_TYPES if model.config.task == "text" else IMAGE_TYPES
-    media, *params = (content_type or "").split(";")
-    media = media.strip().lower()
-    if media not in allowed:
-        raise ServeError(
-            ErrorKind.UNSUPPORTED_MEDIA_TYPE,
-            f"Content-Type {content_type!r} not accepted by {model.config.task} model {model.name!r}; "
-            f"use one of {list(allowed)}",
+        content_type = request.headers.get("content-type")
+        if parse_content_type(content_type)[0] in FORM_TYPES:
+            named = await _form_files(request, model, settings.max_queue_size)
+        else:
+            named = [(None, model_bytes(model.config.task, model.name, await request.body(), content_type))]
+        items = await _to_items(
+            model, [data for _, data in named], truncation_side(truncate), settings.max_image_pixels
         )
-    for param in params:
-        key, _, value = param.partition("=")
-        if key.strip().lower() == "charset" and value.strip().strip('"').lower() not in (
-            "utf-8",
-            "utf8",
-            "us-ascii",
-        ):
-            raise ServeError(ErrorKind.UNSUPPORTED_MEDIA_TYPE, f"charset {value.strip()!r} not accepted; send UTF-8")
+        results = await model.classify(items, settings.request_timeout_s)
+        probabilities = np.stack([r.value for r in results])  # [B, n_labels]
+        preds = predictions(model, probabilities, top_k or settings.default_top_k)
+        for prediction, item in zip(preds, items, strict=True):
+            prediction.truncated = item.truncated
+        state.metrics.observe_items(model.name, [i.length for i in items], [r.queue_s + r.inference_s for r in results])
+        head = {"model_name": model.name, "model_version": model.version}
+        if len(preds) == 1:
+            body: dict[str, Any] = ClassifyResponse(**head, **preds[0].model_dump()).model_dump()
+        else:
+            body = {
+                **head,
+                "predictions": [{"filename": f, **p.model_dump()} for (f, _), p in zip(named, preds, strict=True)],
+            }
+        return JSONResponse(body, headers=timing_headers(state, name, results))
+
+
+async def _form_files(request: Request, model: ServedModel, max_files: int) -> list[tuple[str | None, bytes]]:
+    """Each file part (its own Content-Type and charset), and for text models each plain text field."""
+    try:
+        form = await request.form(max_files=max_files, max_fields=max_files)
+    except AssertionError:  # Starlette's way of saying python-multipart is missing
+        raise ServeError(
+            ErrorKind.UNSUPPORTED_MEDIA_TYPE, "this server cannot parse multipart (python-multipart is not installed)"
+        ) from None
+    named: list[tuple[str | None, bytes]] = []
+    try:
+        for key, value in form.multi_items():
+            if isinstance(value, str):
+                if model.config.task != "text":
+                    raise invalid(f"form field {key!r} is not a file; image model {model.name!r} takes file parts")
+                named.append((key, value.encode("utf-8")))
+                continue
+            what = f"part {key!r} ({value.filename or 'no filename'})"
+            data = await value.read()
+            named.append((value.filename, model_bytes(model.config.task, model.name, data, value.content_type, what)))
+    finally:
+        await form.close()
+    if not named:
+        raise invalid("the multipart body has no file part; send e.g. -F file=@shoe.png")
+    return named
 
 
 def _instance_bytes(model: ServedModel, instance: str | B64Instance, index: int) -> bytes:
@@ -130,7 +178,7 @@ def _instance_bytes(model: ServedModel, instance: str | B64Instance, index: int)
         raise invalid(f"instances[{index}] is not valid Unicode text") from None
 
 
-async def _to_items(model: ServedModel, raw: list[bytes], truncate: bool, max_pixels: int) -> list[Item]:
+async def _to_items(model: ServedModel, raw: list[bytes], truncate: str | None, max_pixels: int) -> list[Item]:
     def convert() -> list[Item]:
         return [model.item_from_bytes(data, truncate, max_pixels) for data in raw]
 

@@ -10,12 +10,22 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
 from server.errors import invalid, too_large
+from server.inputs import b64_elements
+from server.model_card import describe
 from server.models import RAW_INPUT, ServedModel
-from server.preprocess import Item, image_items_from_tensors, text_items_from_tensors
+from server.preprocess import Item, image_items_from_tensors, text_items_from_tensors, truncation_side
 from server.routes.common import State, bool_param, require_api_key, timing_headers, track
+from server.routes.triton import EXTENSIONS, class_count, classification
 from server.schemas import ErrorBody, V2InferResponse
 from server.settings import Settings
-from server.v2_codec import HEADER_LENGTH, Tensor, decode_request, encode_response, parse_header_length
+from server.v2_codec import (
+    HEADER_LENGTH,
+    DecodedRequest,
+    Tensor,
+    decode_request,
+    encode_response,
+    parse_header_length,
+)
 
 SERVER_NAME = "lara-serve"
 SERVER_VERSION = "0.1.0"
@@ -29,24 +39,29 @@ router = APIRouter(tags=["v2"], dependencies=[Depends(require_api_key)], respons
 
 
 @health.get("/v2/health/live")
+@health.head("/v2/health/live", include_in_schema=False)  # load balancers probe with HEAD
 async def live() -> dict[str, bool]:
     return {"live": True}
 
 
 @health.get("/v2/health/ready", responses={503: {"description": "models are loading"}})
+@health.head("/v2/health/ready", include_in_schema=False)
 async def ready(state: State) -> JSONResponse:
     return JSONResponse({"ready": state.ready}, status_code=200 if state.ready else 503)
 
 
 @router.get("/v2")
 async def server_metadata() -> dict[str, Any]:
-    return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": ["binary_tensor_data"]}
+    return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": EXTENSIONS}
 
 
 @router.get("/v2/models/{name}")
 @router.get("/v2/models/{name}/versions/{version}")
 async def model_metadata(name: str, state: State, version: str | None = None) -> dict[str, Any]:
-    return state.model(name, version).v2_metadata()
+    model = state.model(name, version)
+    metadata = model.v2_metadata()
+    metadata["parameters"] = {**metadata.get("parameters", {}), **describe(model)}
+    return metadata
 
 
 @router.get("/v2/models/{name}/ready")
@@ -70,14 +85,23 @@ _INFER_RESPONSES: dict[int | str, dict[str, Any]] = {200: {"model": V2InferRespo
 @router.post("/v2/models/{name}/infer", openapi_extra=_INFER_DOC, responses=_INFER_RESPONSES)
 @router.post("/v2/models/{name}/versions/{version}/infer", openapi_extra=_INFER_DOC, responses=_INFER_RESPONSES)
 async def infer(name: str, request: Request, state: State, version: str | None = None) -> Response:
+    """Inputs: `raw` (BYTES, one element per item: UTF-8 text, or an image file) or the model's tensors.
+
+    An image in a JSON body is a base64 string with the input's `parameters.content_type = "base64"`:
+    `{"name": "raw", "datatype": "BYTES", "shape": [1], "data": ["iVBORw0..."], "parameters":
+    {"content_type": "base64"}}`. Binary bodies (the binary tensor extension) carry the file bytes as they are.
+    Parameters: `truncate` (false | true | head | tail | head+tail); per output `binary_data` and
+    `classification: k` (Triton's "score:index:label" strings of the top k, on `probabilities`)."""
     settings = state.settings
     with track(state, name):
         model = state.model(name, version)
         body = await request.body()
         decoded = decode_request(body, parse_header_length(request.headers.get(HEADER_LENGTH)))
         params = decoded.request.parameters
-        items = await _items(model, decoded.tensors, bool_param(params, "truncate"), settings)
+        tensors = _base64_inputs(decoded)
+        items = await _items(model, tensors, truncation_side(params.get("truncate")), settings)
         results = await model.classify(items, settings.request_timeout_s)
+        state.metrics.observe_items(model.name, [i.length for i in items], [r.queue_s + r.inference_s for r in results])
 
         probabilities = np.stack([r.value for r in results])  # [B, n_labels]
         label_ids = probabilities.argmax(axis=1)  # [B]
@@ -93,22 +117,34 @@ async def infer(name: str, request: Request, state: State, version: str | None =
             unknown = [o.name for o in wanted if o.name not in tensors]
             if unknown:
                 raise invalid(f"unknown outputs {unknown}; this model has {list(OUTPUTS)}")
-            selected = [
-                (
-                    o.name,
-                    *tensors[o.name],
-                    bool_param({"binary_data_output": binary_default, **o.parameters}, "binary_data_output"),
-                )
-                for o in wanted
-            ]
+            selected = []
+            for o in wanted:
+                binary = bool_param({"binary_data_output": binary_default, **o.parameters}, "binary_data_output")
+                k = class_count(o.parameters, o.name)  # Triton's classification extension
+                tensor = ("BYTES", classification(probabilities, model.config.labels, k)) if k else tensors[o.name]
+                selected.append((o.name, *tensor, binary))
         header: dict[str, Any] = {"model_name": model.name, "model_version": model.version}
+        if model.config.task == "text":  # per item, in request order: was the text cut to max_length?
+            header["parameters"] = {"truncated": [item.truncated for item in items]}
         if decoded.request.id is not None:
             header["id"] = decoded.request.id
         content, headers = encode_response(header, selected)
         return Response(content, headers={**headers, **timing_headers(state, name, results)})
 
 
-async def _items(model: ServedModel, tensors: list[Tensor], truncate: bool, settings: Settings) -> list[Item]:
+def _base64_inputs(decoded: DecodedRequest) -> list[Tensor]:
+    """BYTES inputs with parameters.content_type="base64" (an image file in a JSON body) -> decoded bytes."""
+    out = []
+    for spec, tensor in zip(decoded.request.inputs, decoded.tensors, strict=True):
+        if spec.parameters.get("content_type") == "base64" and tensor.datatype == "BYTES":
+            array = np.empty(tensor.array.size, dtype=object)
+            array[:] = b64_elements(list(tensor.array.reshape(-1)), tensor.name)
+            tensor = Tensor(tensor.name, tensor.datatype, array.reshape(tensor.array.shape))
+        out.append(tensor)
+    return out
+
+
+async def _items(model: ServedModel, tensors: list[Tensor], truncate: str | None, settings: Settings) -> list[Item]:
     """Either one BYTES `raw` input, or the model's preprocessed tensor inputs."""
     by_name = {t.name: t for t in tensors}
     if len(by_name) != len(tensors):
