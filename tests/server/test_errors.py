@@ -84,9 +84,18 @@ CASES: list[tuple[str, str, str, dict[str, Any], int, str]] = [
     ("text-too-long-classify", "POST", f"/v1/models/{TEXT}:classify", text_body(b"x" * 999), 413, "truncate"),
     ("ids-too-long", "POST", V2, v2(ids([[5] * 300], [1, 300])), 413, "input_ids"),
     ("wrong-media-type", "POST", f"/v1/models/{TEXT}:classify", text_body(b"a", "application/json"), 415, "text/plain"),
-    ("no-media-type", "POST", f"/v1/models/{IMAGE}:classify", {"content": png_bytes()}, 415, "image/png"),
+    # No Content-Type: the body is sniffed (issue 12); bytes that are neither text nor an image are refused.
+    ("no-media-type", "POST", f"/v1/models/{IMAGE}:classify", {"content": bytes(range(256))}, 415, "image/png"),
     ("image-to-text-model", "POST", f"/v1/models/{TEXT}:classify", text_body(png_bytes(), "image/png"), 415, ""),
-    ("latin1", "POST", f"/v1/models/{TEXT}:classify", text_body(b"a", "text/plain; charset=latin-1"), 415, "UTF-8"),
+    # Declared charsets are decoded (issue 12); an unknown one is refused.
+    (
+        "bad-charset",
+        "POST",
+        f"/v1/models/{TEXT}:classify",
+        text_body(b"a", "text/plain; charset=klingon"),
+        415,
+        "klingon",
+    ),
     ("empty-text", "POST", V1, {"json": {"instances": [""]}}, 422, "empty"),
     ("surrogate-v1", "POST", V1, {"content": b'{"instances": ["\\ud800"]}'}, 400, "JSON"),
     # one JSON parser for v1 and v2: a lone surrogate is not valid JSON text for either (400)
