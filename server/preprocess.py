@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from server.errors import ServeError, invalid, too_large
+from server.errors import ServeError, invalid, malformed, too_large
 from server.repository import ImagePreprocessing, ModelConfig, TextPreprocessing
 
 IDS, MASK, PIXELS = "input_ids", "attention_mask", "pixel_values"
@@ -50,7 +50,8 @@ def truncation_side(value: object) -> str | None:
             return "head"
         if v in _FALSE:
             return None
-    raise invalid(f"truncate must be true, false, or one of {list(TRUNCATION_SIDES)}; got {value!r}")
+    # A parameter of the wrong kind is a malformed request (400), like any other bad parameter.
+    raise malformed(f"truncate must be true, false, or one of {list(TRUNCATION_SIDES)}; got {value!r}")
 
 
 def _too_long(what: str, n: int, limit: int) -> ServeError:
