@@ -71,7 +71,7 @@ def _save(fig: plt.Figure, path: Path) -> Path:
 
 
 def _vs(cells: list[Cell], out: Path, stem: str, x: Callable[[Cell], float], group: Callable[[Cell], str],
-        xlabel: str, title: str) -> list[Path]:  # fmt: skip
+        xlabel: str, subject: str) -> list[Path]:  # fmt: skip
     written = []
     for metric, ylabel, band in (("p50_ms", "latency p50 (ms); band: p90-p99", True),
                                  ("throughput_rps", "throughput (successful req/s)", False)):  # fmt: skip
@@ -86,7 +86,7 @@ def _vs(cells: list[Cell], out: Path, stem: str, x: Callable[[Cell], float], gro
             ax.set_yscale("log")
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
-        ax.set_title(title)
+        ax.set_title(("Latency" if metric == "p50_ms" else "Throughput") + f" vs {subject}")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
         name = ("latency" if metric == "p50_ms" else "throughput") + f"_vs_{stem}.png"
@@ -136,11 +136,11 @@ def write_charts(cells: list[Cell], out: Path) -> list[Path]:
     written: list[Path] = []
     if len({c.input_bytes for c in ran}) > 1:
         written += _vs(ran, out, "length", lambda c: c.input_bytes or 1.0, lambda c: c.load,
-                       "input length (bytes, mean per input set)", "Latency and throughput vs input length")  # fmt: skip
+                       "input length (bytes, mean per input set)", "input length")  # fmt: skip
     if len({c.load for c in ran}) > 1 and len({c.mode for c in ran}) == 1:
         xlabel = "concurrency (closed loop)" if ran[0].mode == "closed" else "offered rate (requests/s)"
         written += _vs(ran, out, "load", lambda c: c.concurrency or c.rate or 1.0, lambda c: c.input,
-                       xlabel, "Latency and throughput vs load")  # fmt: skip
+                       xlabel, "load")  # fmt: skip
     cdf = latency_cdf(cells, out)
     if cdf:
         written.append(cdf)
