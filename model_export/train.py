@@ -239,6 +239,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "epochs": state["epoch"],
         "steps": state["step"],
         "val_accuracy": state["history"][-1]["val_acc"] if state["history"] else None,
+        "history": state["history"],  # per epoch: loss, accuracy, holdout accuracy at several lengths
     }
     if not args.no_test:
         test = evaluate_task(model, load_task(dataset, "test", cfg, limit=args.eval_limit))
@@ -260,7 +261,11 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             "threads": torch.get_num_threads(),
             "schedule": "warmup+cosine",
             "command": "python -m model_export.train "
-            + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v not in (None, False, "{}")),
+            + " ".join(
+                f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}")
+                for k, v in vars(args).items()
+                if v not in (None, False, "{}")
+            ),
         },
         metrics=metrics,
     )
