@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import math
 import multiprocessing
+import time
 from concurrent.futures import ProcessPoolExecutor
 
 import torch
@@ -76,10 +77,12 @@ def peak_memory(method: str, n: int) -> float | None:
 
 
 @torch.no_grad()
-def speed_sweep(sizes: list[int], budget_s: float) -> list[dict]:
+def speed_sweep(sizes: list[int], budget_s: float, only: list[str] | None = None) -> list[dict]:
     rows = []
     for n in tqdm(sizes, desc="speed sweep", unit="N"):
         for name, fn in _methods(n).items():
+            if only and name not in only:
+                continue
             t = median_time(fn, budget_s=budget_s)
             rows.append({"method": name, "n": n, "seconds": t, "peak_extra_mib": peak_memory(name, n)})
     return rows
@@ -172,6 +175,33 @@ def targets(rows: list[dict], gflops: float) -> dict:
     return out
 
 
+@torch.no_grad()
+def cpu_time_share(n: int = 8192, repeats: int = 5) -> dict:
+    """Share of the matmul rate from PROCESS CPU time at one thread: on a shared, overloaded machine
+    wall time mostly measures waiting for a core, CPU time what the code itself costs. One thread,
+    so no OpenMP barrier spinning is counted."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+        q, k, v, ql, kl = _inputs(n)
+
+        def best(fn) -> float:
+            fn()
+            out = []
+            for _ in range(repeats):
+                t0 = time.process_time()
+                fn()
+                out.append(time.process_time() - t0)
+            return min(out)
+
+        mm = 2 * 2048**3 / best(lambda: a @ b) / 1e9
+        lara = 10 * C * n * D * H / best(lambda: kernels.lara_attention(q, k, v, ql, kl)) / 1e9
+    finally:
+        torch.set_num_threads(threads)
+    return {"n": n, "threads": 1, "matmul_gflops": mm, "lara_gflops": lara, "fraction_of_matmul_rate": lara / mm}
+
+
 def _lara_backend() -> str:
     q, k, v, ql, kl = _inputs(64)
     return kernels.describe_backends(q, k, v, ql, kl)["chosen"]
@@ -207,6 +237,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: library default)")
     parser.add_argument("--sizes", type=int, nargs="+", help="explicit sequence lengths (overrides the sweep)")
     parser.add_argument("--out", default="attention.json", help="file name under benchmarks/results/")
+    parser.add_argument("--methods", nargs="+", help="only these methods (default: all)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -214,10 +245,11 @@ def main() -> None:
     budget = 0.3 if args.quick else 1.0
 
     gflops_before = matmul_gflops()
-    rows = speed_sweep(sizes, budget)
+    rows = speed_sweep(sizes, budget, args.methods)
     gflops = max(gflops_before, matmul_gflops())  # the better of two readings: contention only lowers it
     approx = approximation()
     summary = targets(rows, gflops)
+    summary["cpu_time_share_at_8192"] = cpu_time_share()
     payload = {"config": {"B": B, "H": H, "D": D, "C": C, "dtype": "float32", "sizes": sizes}, "env": environment()}
     payload |= {"speed": rows, "approximation": approx, "targets": summary}
     path = write_json(args.out, payload)
