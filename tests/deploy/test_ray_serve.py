@@ -123,6 +123,7 @@ def ray_app() -> Iterator[tuple[str, subprocess.Popen[bytes], Path]]:
         subprocess.run(["rm", "-rf", str(temp_dir)], timeout=120)
 
 
+@pytest.mark.timeout(1500)  # includes making the Ray venv on a fresh machine and starting Ray
 def test_two_replicas_serve_real_inputs_under_a_burst(
     ray_app: tuple[str, subprocess.Popen[bytes], Path], examples: list[Example]
 ) -> None:
