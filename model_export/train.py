@@ -88,7 +88,7 @@ def _init_from(model: nn.Module, model_dir: Path) -> None:
 
 def _length_eval(model: nn.Module, dataset: str, args: argparse.Namespace) -> dict[str, Any]:
     """Holdout accuracy at several lengths (truncations, composites), for --length-mix runs."""
-    if not args.length_mix or dataset not in LENGTH_EVAL:
+    if args.length_mix is None or dataset not in LENGTH_EVAL:
         return {}
     from model_export.long_docs import length_report
     from model_export.tasks import text_docs
@@ -112,7 +112,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=None)
     p.add_argument("--train-length", type=int, default=4096, help="sequence truncation in training")
     p.add_argument(
-        "--length-mix", action="store_true", help="text: mixed-length windows and composites (see LENGTH_MIX)"
+        "--length-mix",
+        nargs="?",
+        const="{}",
+        default=None,
+        help="text: mixed-length windows and composites (LENGTH_MIX), optionally with JSON overrides, "
+        'e.g. \'{"min_length": 2048, "max_length": 16384}\'',
     )
     p.add_argument(
         "--train-split", choices=["train", "trainval"], default="train", help="trainval: also fit the holdout"
@@ -153,7 +158,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out or f"runs/{args.model}-{cfg.attention.kind}")
     ckpt = Path(args.run_dir or f"runs/ckpt/{out.name}")
 
-    mix = LENGTH_MIX[dataset] if args.length_mix else None
+    mix = {**LENGTH_MIX[dataset], **json.loads(args.length_mix)} if args.length_mix is not None else None
     train_task = load_task(
         dataset, args.train_split, cfg, train_length=args.train_length, limit=args.limit, length_mix=mix
     )
@@ -253,7 +258,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         training={
             **hp,
             "train_length": args.train_length if dataset != "fashion" and not args.length_mix else None,
-            "length_mix": LENGTH_MIX[dataset] if args.length_mix else None,
+            "length_mix": mix,
             "train_split": args.train_split,
             "limit": args.limit,
             "time_budget_min": args.time_budget,
@@ -262,9 +267,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             "schedule": "warmup+cosine",
             "command": "python -m model_export.train "
             + " ".join(
-                f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}")
+                f"--{k.replace('_', '-')}" + ("" if v is True or v == "{}" else f" '{v}'" if "{" in str(v) else f" {v}")
                 for k, v in vars(args).items()
-                if v not in (None, False, "{}")
+                if v not in (None, False) and not (k == "override" and v == "{}")
             ),
         },
         metrics=metrics,
