@@ -1,7 +1,7 @@
 """Real inputs with known labels for the smoke tests of deployed servers (the container, Ray Serve), and the
 skip-or-fail rule those tests share.
 
-Inputs are BBC News test articles and Fashion-MNIST t10k images, read at test time from the installed data
+Inputs are BBC News test articles, Brown test texts and Fashion-MNIST t10k images, read at test time from the installed data
 packages (model_export.data), so no article text is in the repository and a retrained model is checked as
 it is. "Clear" examples are the first of each class, in the data's fixed order, that a reference run of the
 shipped model.onnx gives the true label with probability >= MIN_PROBABILITY. The reference is onnxruntime on
@@ -96,20 +96,25 @@ def _png(pixels: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def _candidates(task: str, labels: list[str]) -> dict[str, list[tuple[bytes, Any]]]:
+def _candidates(task: str, labels: list[str], dataset: str) -> dict[str, list[tuple[bytes, Any]]]:
     """label -> [(bytes to send, reference input)], in the data's fixed order."""
-    from model_export import data
+    from model_export import brown, data
 
     try:
         if task == "text":
             out: dict[str, list[tuple[bytes, Any]]] = {label: [] for label in labels}
+            if dataset == "brown":  # Brown texts are all 10-15 KB: served whole
+                for bdoc in brown.load_brown("test"):
+                    raw = bdoc.text.encode("utf-8")
+                    out[labels[bdoc.label]].append((raw, raw))
+                return out
             for doc in data.load_news("test"):
                 raw = doc.text.encode("utf-8")
                 if TEXT_BYTES[0] <= len(raw) <= TEXT_BYTES[1]:
                     out[data.NEWS_CLASSES[doc.label]].append((raw, raw))
             return out
         images, targets = data.load_fashion("test")
-    except data.DataUnavailable as exc:
+    except (data.DataUnavailable, brown.BrownUnavailable) as exc:
         need(str(exc))
     out = {label: [] for label in labels}
     for pixels, target in zip(images[:2000, 0].numpy(), targets[:2000].tolist(), strict=True):
@@ -125,7 +130,8 @@ def clear_examples(per_class: int = 1, repository: Path = REPOSITORY) -> list[Ex
         task, labels = config["task"], config["labels"]
         session = _session(config_path.parent, config)
         probabilities = _text_probabilities if task == "text" else _image_probabilities
-        for label, candidates in _candidates(task, labels).items():
+        dataset = config.get("data", {}).get("dataset", "news")
+        for label, candidates in _candidates(task, labels, dataset).items():
             found = []
             for sent, reference in candidates[:CANDIDATES_PER_CLASS]:
                 p = float(probabilities(session, config, reference)[labels.index(label)])
