@@ -18,7 +18,7 @@ from torch import nn
 
 from model_export.hub import load_config, load_pretrained
 
-EVAL_BATCH = {"fashion": 500, "news": 8, "listops": 32}
+EVAL_BATCH = {"fashion": 500, "news": 8}
 
 
 @torch.inference_mode()

@@ -25,7 +25,6 @@ FASHION_LABELS = [
 ]
 NEWS_LABELS = ["business", "entertainment", "politics", "sport", "tech"]
 GENRE_LABELS = ["press", "general", "learned", "fiction"]  # model_export.brown.GENRES
-LISTOPS_LABELS = [str(i) for i in range(10)]
 
 _REGISTRY: dict[str, ModelConfig] = {
     "lara-vit-fashion": ViTConfig(
@@ -63,17 +62,6 @@ _REGISTRY: dict[str, ModelConfig] = {
         num_classes=4,
         attention=AttentionConfig(kind="lara", num_landmarks=16),
     ),
-    "lara-listops": TextConfig(
-        vocab_size=16,
-        max_length=2000,
-        dim=64,
-        depth=2,
-        heads=2,
-        mlp_ratio=2.0,
-        dropout=0.1,
-        num_classes=10,
-        attention=AttentionConfig(kind="lara", num_landmarks=16),
-    ),
     # Tiny configurations for tests and smoke runs.
     "tiny-vit": ViTConfig(
         patch_size=2,
@@ -103,7 +91,6 @@ LABELS = {
     "lara-vit-fashion": FASHION_LABELS,
     "lara-text-news": NEWS_LABELS,
     "lara-text-genre": GENRE_LABELS,
-    "lara-listops": LISTOPS_LABELS,
     "tiny-vit": FASHION_LABELS,
     "tiny-text": NEWS_LABELS,
 }
@@ -145,7 +132,6 @@ DATASETS = {
     "lara-vit-fashion": "fashion",
     "lara-text-news": "news",
     "lara-text-genre": "brown",
-    "lara-listops": "listops",
     "tiny-vit": "fashion",
     "tiny-text": "news",
 }

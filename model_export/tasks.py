@@ -63,7 +63,7 @@ class ImageTask:
 
 @dataclass
 class SequenceTask:
-    """Token sequences (bytes or ListOps ids): length-bucketed batches, right padding, attention_mask."""
+    """Token sequences (byte ids): length-bucketed batches, right padding, attention_mask."""
 
     seqs: list[list[int]]
     labels: Tensor
@@ -161,15 +161,6 @@ def load_task(
         labels = torch.tensor([d.label for d in docs], dtype=torch.int64)
         task = SequenceTask(seqs, labels, train_length or cfg.max_length, cfg.max_length)
         n_val = HOLDOUT["news"]
-    elif dataset == "listops":
-        from model_export import listops
-
-        seqs, lab = listops.load_split(base if base == "test" else "train")
-        task = SequenceTask(seqs, torch.tensor(lab, dtype=torch.int64), train_length or cfg.max_length, cfg.max_length)
-        n_val = 0
-        if split == "val":
-            seqs, lab = listops.load_split("val")
-            return SequenceTask(seqs, torch.tensor(lab), cfg.max_length, cfg.max_length)
     else:
         raise ValueError(f"unknown dataset {dataset!r}")
     if split in ("train", "val") and n_val:

@@ -1,4 +1,4 @@
-"""Loaders on small slices, fixed splits, the ListOps generator rules, and the missing-package error."""
+"""Loaders on small slices, fixed splits, and the missing-package error."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import hashlib
 import pytest
 import torch
 
-from model_export import data, listops
+from model_export import data
 from model_export.registry import get_config
 from model_export.tasks import load_task
 
@@ -43,37 +43,3 @@ def test_byte_encoding_and_padding():
     assert data.encode_bytes("abcdef", 4) == [98, 99, 100, 101]
     x, m = data.pad_batch([[5, 6, 7], [9]])
     assert x.tolist() == [[5, 6, 7], [9, 0, 0]] and m.tolist() == [[1, 1, 1], [1, 0, 0]]
-
-
-@pytest.mark.parametrize(
-    ("expr", "value"),
-    [
-        ("[MAX 2 9 [MIN 4 7 ] 0 ]", 9),
-        ("[MED 1 2 3 4 ]", 2),  # floored median of an even count
-        ("[SM 9 9 3 ]", 1),
-        ("[MIN [MAX 1 5 ] [SM 4 4 ] ]", 5),
-    ],
-)
-def test_listops_semantics(expr, value):
-    def parse(toks):
-        tok = toks.pop(0)
-        if tok.startswith("["):
-            args = []
-            while toks[0] != "]":
-                args.append(parse(toks))
-            toks.pop(0)
-            return (tok, args)
-        return int(tok)
-
-    assert listops.evaluate(parse(expr.split())) == value
-
-
-def test_listops_generator_rules():
-    samples = listops.generate(20, seed=7)
-    assert samples == listops.generate(20, seed=7)  # seeded
-    assert len({e for e, _ in samples}) == 20  # unique
-    for expr, label in samples:
-        toks = expr.split()
-        assert 500 < len(toks) < 2000 and 0 <= label <= 9
-        assert toks.count("]") == sum(t in listops.OPS for t in toks)
-        assert max(listops.encode(expr)) < listops.VOCAB_SIZE
