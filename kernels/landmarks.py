@@ -39,8 +39,30 @@ def chunk_means_1d(x: Tensor, num_landmarks: int, key_padding_mask: Tensor | Non
         raise ValueError(f"num_landmarks must be >= 1, got {num_landmarks}")
     b, _, n, _ = x.shape
     valid = torch.ones(b, n, dtype=torch.bool, device=x.device) if key_padding_mask is None else ~key_padding_mask
-    a = chunk_assignment(valid, num_landmarks).to(x.dtype)  # [B, C, N]
-    return a.unsqueeze(1) @ x  # [B, H, C, D]
+    if key_padding_mask is None or not x.is_cpu or tracing():
+        a = chunk_assignment(valid, num_landmarks).to(x.dtype)  # [B, C, N]
+        return a.unsqueeze(1) @ x  # [B, H, C, D]
+    # Eager on CPU with padding: one sequence at a time over its own valid tokens. The batched product reduces
+    # over the padded length N, and a matmul's summation order depends on N, so a sequence's landmarks
+    # (and through them every later layer) would round differently alone and in a batch (~4e-7).
+    counts = valid.sum(-1).tolist()
+    weights: dict[int, Tensor] = {}  # chunk weights [1, 1, C, n] per distinct length
+    out = []
+    for i, n in enumerate(counts):
+        # [1, H, n, D] contiguous: the same values and layout as the sequence alone and unpadded
+        # (a slice when the padding is on the right, the common case; else a gather of the valid tokens).
+        own = x[i : i + 1, :, :n].contiguous() if bool(valid[i, :n].all()) else x[i : i + 1][:, :, valid[i]]
+        if n not in weights:
+            ones = torch.ones(1, n, dtype=torch.bool, device=x.device)
+            weights[n] = chunk_assignment(ones, num_landmarks).to(x.dtype).unsqueeze(1)
+        out.append(weights[n] @ own)
+    return torch.cat(out)
+
+
+def tracing() -> bool:
+    """True while torch.export / ONNX export / jit tracing records the graph (loops over the batch would
+    be unrolled to the example's batch size there, so callers keep the batched form)."""
+    return torch.compiler.is_exporting() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
 
 
 def pool_2d(x: Tensor, grid: tuple[int, int], num_landmarks: int) -> Tensor:

@@ -11,6 +11,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from kernels.landmarks import tracing
 from model_export.config import TextConfig
 from model_export.layers import Block, init_weights
 
@@ -71,6 +72,10 @@ class ConvPositions(nn.Module):
         return x + self.conv(x.transpose(1, 2)).transpose(1, 2)  # [B, N, D]
 
 
+# Eager inputs shorter than this are right-padded to it (bitwise batch invariance, see forward_features).
+MIN_ROWS = 16
+
+
 class TextEncoder(nn.Module):
     """forward(input_ids [B, N] int64, attention_mask [B, N] int64 1=real) -> logits [B, C] float32."""
 
@@ -93,6 +98,15 @@ class TextEncoder(nn.Module):
             nn.init.normal_(self.ngrams.table.weight, std=0.02)
 
     def forward_features(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        if not tracing() and input_ids.is_cpu and input_ids.shape[1] < MIN_ROWS:
+            # CPU GEMM takes a different micro-kernel for fewer than ~12 rows, which rounds differently:
+            # a very short document alone would not match its own rows inside a batch. Right padding
+            # (which the model ignores exactly) keeps every Linear at >= 16 rows; the rows are cut after.
+            n = input_ids.shape[1]
+            pad = MIN_ROWS - n
+            input_ids = nn.functional.pad(input_ids, (0, pad))
+            attention_mask = nn.functional.pad(attention_mask, (0, pad))
+            return self.forward_features(input_ids, attention_mask)[:, :n]
         valid = attention_mask > 0  # [B, N]
         ids = input_ids * valid.long()  # pad positions read id 0 whatever they hold
         x = self.embed(ids)  # [B, N, D]
@@ -111,9 +125,22 @@ class TextEncoder(nn.Module):
         return self.norm(x)  # [B, N, D]
 
     def forward_head(self, x: Tensor, attention_mask: Tensor) -> Tensor:
-        m = (attention_mask > 0).to(x.dtype)[..., None]  # [B, N, 1]
-        pooled = (x * m).sum(1) / m.sum(1).clamp_min(1.0)  # [B, D]
-        return self.head(pooled).float()
+        valid = attention_mask > 0
+        if not x.is_cpu or tracing():  # the batched form (GPU: no per-row host syncs)
+            m = valid.to(x.dtype)[..., None]  # [B, N, 1]
+            pooled = (x * m).sum(1) / m.sum(1).clamp_min(1.0)  # [B, D]
+            return self.head(pooled).float()
+        # Eager on CPU: one document at a time, so that its logits are bitwise the same alone and in any batch
+        # with any padding. A batched masked sum reduces in an order set by the padded length, and the
+        # head runs as gemv for one row but gemm for several; both round differently (~2e-7). Pooling
+        # exactly the document's own rows and a one-row head make every document take the path it takes
+        # alone. Cost: B small ops after an encoder that is O(N) per document.
+        rows = []
+        for i in range(x.shape[0]):
+            own = x[i][valid[i]]  # [n_i, D], contiguous, as when the document is alone and unpadded
+            pooled = own.sum(0, keepdim=True) / max(own.shape[0], 1)  # [1, D]
+            rows.append(self.head(pooled))
+        return torch.cat(rows).float()
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         return self.forward_head(self.forward_features(input_ids, attention_mask), attention_mask)
