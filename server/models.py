@@ -222,6 +222,10 @@ def _load_one(name: str, model_dir: Path, settings: Settings, metrics: Metrics |
     config = read_config(model_dir)
     if config.name != name:
         raise RepositoryError(f"{model_dir}/config.json names the model {config.name!r}, not {name!r}")
+    if settings.backend == "torch" and settings.keep_freed_memory:
+        from server.backends.allocator import keep_freed_memory
+
+        keep_freed_memory()
     backend = create_backend(settings.backend, model_dir, config, settings.device, settings.num_threads)
     observer = metrics.observer(name) if metrics is not None else None
     model = ServedModel(config, backend, policy_from(settings), observer)

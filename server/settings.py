@@ -40,6 +40,11 @@ class Settings(BaseSettings):
     num_threads: int = Field(
         0, ge=0, le=256, description="Intra-op threads of the backend; 0 keeps the library default."
     )
+    keep_freed_memory: bool = Field(
+        True,
+        description="torch backend: glibc keeps freed memory for reuse (no mmap/munmap per large tensor); "
+        "about 40% faster long documents, resident memory stays at its peak. onnxruntime has its own arena.",
+    )
     max_batch_size: int = Field(
         32, ge=1, le=4096, description="Most items per batch. 1 disables batching (lowest latency alone)."
     )
