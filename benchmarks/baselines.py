@@ -165,6 +165,37 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def plot_history(rows: list[dict[str, Any]], task: str, out: Path) -> bool:
+    """Holdout accuracy per epoch against training time, one line per attention kind (rows with history)."""
+    rows = [r for r in rows if r["task"] == task and r.get("history")]
+    if not rows:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_e, ax_t) = plt.subplots(1, 2, figsize=(10, 4))
+    for r in sorted(rows, key=lambda r: r["attention"]):
+        ep = [h["epoch"] for h in r["history"]]
+        acc = [100 * h["val_acc"] for h in r["history"]]
+        minutes = [h["train_time_s"] / 60 for h in r["history"]]
+        label = f"{r['attention']} (test {100 * r['test_accuracy']:.2f}%)"
+        ax_e.plot(ep, acc, marker="o", label=label)
+        ax_t.plot(minutes, acc, marker="o", label=label)
+    ax_e.set_xlabel("epoch")
+    ax_t.set_xlabel("training time (min, 1 thread, shared machine)")
+    for ax in (ax_e, ax_t):
+        ax.set_ylabel("holdout accuracy (%)")
+        ax.grid(alpha=0.3)
+    ax_e.legend(fontsize=8)
+    fig.suptitle(f"{task}: {rows[0]['budget']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", nargs="+", default=["tfidf", *GROUPS], choices=["tfidf", "shipped", *GROUPS])
@@ -203,6 +234,9 @@ def main() -> None:
             )
             + "\n"
         )
+    for group in args.only:
+        if group in GROUPS and plot_history(rows, group, RESULTS.with_name(f"baselines_{group}.png")):
+            print(f"wrote {RESULTS.with_name(f'baselines_{group}.png')}")
     print(markdown(rows))
 
 

@@ -51,3 +51,4 @@ def test_baselines_smoke(tmp_path, monkeypatch):
         assert [h["epoch"] for h in r["history"]] == [1] and r["history"][0]["train_time_s"] > 0
         assert "--attention " + r["attention"] in r["command"]
     assert "| smoke | tiny-vit | lara | smoke budget |" in json.loads(results.read_text())["markdown"]
+    assert (tmp_path / "baselines_smoke.png").read_bytes()[:4] == b"\x89PNG"  # accuracy against epochs and time
