@@ -21,28 +21,32 @@ def _need(path: Path) -> None:
         pytest.fail(f"{path.name} is missing from model_repository/ (train it with python -m model_export.train)")
 
 
-@pytest.mark.parametrize("path", [VIT, TEXT], ids=["vit", "text"])
-def test_artifact_layout_and_size(path):
+@pytest.mark.parametrize(("path", "target"), [(VIT, 0.92), (TEXT, 0.97)], ids=["vit", "text"])
+def test_artifact_layout_and_size(path, target):
     _need(path)
     conf = json.loads((path / "config.json").read_text())
     assert conf["attention"]["kind"] == "lara" and conf["version"] == "1"
-    assert conf["metrics"]["test_accuracy"] >= 0.90
+    assert conf["metrics"]["test_accuracy"] >= target  # as measured on the whole test split by training
     assert (path / "1" / "model.safetensors").stat().st_size < 20 * 2**20
 
 
-def test_vit_accuracy_on_first_1000_t10k(fashion_test):
+def test_vit_accuracy_on_every_second_t10k_image(fashion_test):
+    """Target 92% minus one point on a fixed half of t10k (5,000 images). Measured: 92.58% for the shipped
+    model; the previous one (90.22% on all of t10k) scored 90.22% here and would fail."""
     _need(VIT)
     model = me.load_pretrained(VIT)
     images, labels = fashion_test
+    images, labels = images[::2], labels[::2]
     pre = json.loads((VIT / "config.json").read_text())["preprocessing"]
     with torch.no_grad():
         pred = torch.cat(
             [
-                model(normalize_images(images[i : i + 250], pre["mean"], pre["std"])).argmax(-1)
-                for i in range(0, 1000, 250)
+                model(normalize_images(images[i : i + 500], pre["mean"], pre["std"])).argmax(-1)
+                for i in range(0, len(labels), 500)
             ]
         )
-    assert (pred == labels[:1000]).float().mean().item() >= 0.89
+    assert len(labels) == 5000
+    assert (pred == labels).float().mean().item() >= 0.91
 
 
 def test_text_accuracy_on_bbc_test_split(news_test):
