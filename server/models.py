@@ -202,7 +202,10 @@ def load_repository(
     """
     models: dict[str, ServedModel] = {}
     failed: dict[str, str] = {}
-    for name, model_dir in discover(settings.model_repository, settings.models or None).items():
+    found = discover(settings.model_repository, settings.models or None)
+    for typo in sorted(set(settings.model_backends) - set(found)):
+        log.warning("model_backends names %r, which is not in the repository (or not in models); ignored", typo)
+    for name, model_dir in found.items():
         try:
             models[name] = _load_one(name, Path(model_dir), settings, metrics)
         except Exception as exc:  # any failure of one model's artifacts: isolate it
@@ -222,11 +225,12 @@ def _load_one(name: str, model_dir: Path, settings: Settings, metrics: Metrics |
     config = read_config(model_dir)
     if config.name != name:
         raise RepositoryError(f"{model_dir}/config.json names the model {config.name!r}, not {name!r}")
-    if settings.backend == "torch" and settings.keep_freed_memory:
+    kind = settings.backend_for(name)
+    if kind == "torch" and settings.keep_freed_memory:
         from server.backends.allocator import keep_freed_memory
 
         keep_freed_memory()
-    backend = create_backend(settings.backend, model_dir, config, settings.device, settings.num_threads)
+    backend = create_backend(kind, model_dir, config, settings.device, settings.num_threads)
     observer = metrics.observer(name) if metrics is not None else None
     model = ServedModel(config, backend, policy_from(settings), observer)
     try:

@@ -50,11 +50,12 @@ def _gpu_visible() -> bool:
 
 
 def device_problem(settings: Settings) -> str | None:
-    if settings.backend == "torch" and importlib.util.find_spec("torch") is None:
+    kinds = {settings.backend, *settings.model_backends.values()}
+    if "torch" in kinds and importlib.util.find_spec("torch") is None:
         return "backend=torch needs PyTorch, which this install lacks: pip install 'lara-serve[train]' (or use --backend onnxruntime)"
     if settings.device != "cuda":
         return None
-    if settings.backend == "onnxruntime":
+    if "onnxruntime" in kinds:
         import onnxruntime
 
         providers = onnxruntime.get_available_providers()
@@ -65,11 +66,9 @@ def device_problem(settings: Settings) -> str | None:
             )
         if not _gpu_visible():
             return "device=cuda but no NVIDIA GPU is visible on this machine (no /dev/nvidia*); use --device cpu"
-        return None
-    import torch
+    if "torch" in kinds:
+        import torch
 
-    if not torch.cuda.is_available():
-        return (
-            f"device=cuda but torch {torch.__version__} sees no CUDA device (a CPU build, or no GPU); use --device cpu"
-        )
+        if not torch.cuda.is_available():
+            return f"device=cuda but torch {torch.__version__} sees no CUDA device (a CPU build, or no GPU); use --device cpu"
     return None

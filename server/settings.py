@@ -34,6 +34,11 @@ class Settings(BaseSettings):
         description="onnxruntime runs model.onnx (lean, fast on CPU); torch runs the PyTorch model "
         "(needs model_export; uses the Triton attention kernels on GPU).",
     )
+    model_backends: Annotated[dict[str, Literal["onnxruntime", "torch"]], NoDecode] = Field(
+        default_factory=dict,
+        description="Per-model backend as comma-separated name=backend pairs (e.g. `big-exact=torch`), like "
+        "Triton's per-model `backend`; models not named use `backend`.",
+    )
     device: Literal["cpu", "cuda"] = Field(
         "cpu", description="cuda needs a GPU build of the chosen backend; start-up fails if it is absent."
     )
@@ -159,6 +164,23 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [name.strip() for name in value.split(",") if name.strip()]
         return value
+
+    @field_validator("model_backends", mode="before")
+    @classmethod
+    def _split_model_backends(cls, value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        pairs: dict[str, str] = {}
+        for part in filter(None, (p.strip() for p in value.split(","))):
+            name, sep, backend = (x.strip() for x in part.partition("="))
+            if not sep or not name or not backend:
+                raise ValueError(f"model_backends entry {part!r} is not name=backend (backend: onnxruntime or torch)")
+            pairs[name] = backend
+        return pairs
+
+    def backend_for(self, model: str) -> Literal["onnxruntime", "torch"]:
+        """The backend that serves `model`: its model_backends entry, else `backend`."""
+        return self.model_backends.get(model, self.backend)
 
     @field_validator("api_key")
     @classmethod

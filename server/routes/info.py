@@ -30,6 +30,7 @@ async def info(state: State) -> dict[str, Any]:
         "version": server_version(),
         "ready": state.ready,
         "backend": settings.backend,
+        "model_backends": dict(settings.model_backends),
         "device": settings.device,
         # TEI's names where the meaning is the same
         "max_input_length": max(text_lengths) if text_lengths else None,

@@ -81,3 +81,19 @@ def test_real_models_both_backends_agree(model_dir: Path) -> None:
         p = config.preprocessing
         inputs = {"pixel_values": np.zeros((1, 1, p.height, p.width), np.float32)}  # type: ignore[union-attr]
     np.testing.assert_allclose(torch_backend.run(inputs), onnx_backend.run(inputs), atol=1e-3)
+
+
+@pytest.mark.skipif(len(_real_models()) < 2, reason="needs two trained models in model_repository/")
+def test_model_backends_choose_per_model() -> None:
+    pytest.importorskip("model_export", reason="the torch backend needs model_export")
+    torch_name, ort_name = _real_models()[0].name, _real_models()[1].name
+    settings = Settings(
+        models=[torch_name, ort_name], backend="onnxruntime", model_backends={torch_name: "torch"}, warmup=False
+    )
+    models = load_models(settings)
+    try:
+        assert {n: m.backend.name for n, m in models.items()} == {torch_name: "torch", ort_name: "onnxruntime"}
+        assert models[torch_name].v2_metadata()["platform"] == "lara_torch"
+    finally:
+        for m in models.values():
+            m.backend.close()

@@ -39,3 +39,17 @@ def test_defaults_and_env(monkeypatch: pytest.MonkeyPatch, repo: Path) -> None:
 def test_impossible_combinations_are_refused(repo: Path, overrides: dict[str, object], words: str) -> None:
     with pytest.raises(ValidationError, match=words):
         Settings(**({"model_repository": repo} | overrides))  # type: ignore[arg-type]
+
+
+def test_model_backends_parse_and_refuse(monkeypatch: pytest.MonkeyPatch, repo: Path) -> None:
+    monkeypatch.setenv("LARA_MODEL_REPOSITORY", str(repo))
+    monkeypatch.setenv("LARA_MODEL_BACKENDS", "tiny-text=torch, tiny-image = onnxruntime")
+    settings = Settings()
+    assert settings.model_backends == {"tiny-text": "torch", "tiny-image": "onnxruntime"}
+    assert settings.backend_for("tiny-text") == "torch" and settings.backend_for("other") == "onnxruntime"
+    flagged = parse_settings(["--backend", "torch", "--model-backends", "tiny-image=onnxruntime"])
+    assert flagged.backend_for("tiny-image") == "onnxruntime" and flagged.backend_for("tiny-text") == "torch"
+    with pytest.raises(ValidationError, match="not name=backend"):
+        Settings(model_repository=repo, model_backends="tiny-text")  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match="onnxruntime"):
+        Settings(model_repository=repo, model_backends="tiny-text=tensorrt")  # type: ignore[arg-type]
