@@ -58,3 +58,15 @@ def test_train_cli_writes_artifact_and_resumes(tmp_path, fashion_test):
     resumed = train.train(train.parse_args([*argv[:3], "2", *argv[4:], "--resume"]))
     assert resumed["epochs"] == 2 and resumed["steps"] == 2 * metrics["steps"]
     assert model.cfg == me.load_pretrained(out).cfg
+
+
+def test_time_budget_on_the_cpu_clock_stops_mid_run(tmp_path, fashion_test):
+    budget_min = 0.01  # 0.6 s of this process's CPU time
+    argv = ["--model", "tiny-vit", "--epochs", "200", "--limit", "64", "--batch-size", "16", "--eval-limit", "16"]
+    argv += ["--time-budget", str(budget_min), "--clock", "cpu", "--no-test", "--threads", "1"]
+    argv += ["--out", str(tmp_path / "art"), "--run-dir", str(tmp_path / "ckpt")]
+    metrics = train.train(train.parse_args(argv))
+    assert metrics["train_time_s"] >= budget_min * 60 * 0.99  # counted in CPU seconds, stopped at the budget
+    assert metrics["epochs_done"] < 200 and metrics["steps"] == round(metrics["epochs_done"] * 4)
+    conf = json.loads((tmp_path / "art" / "config.json").read_text())
+    assert conf["training"]["clock"] == "cpu" and conf["training"]["time_budget_min"] == budget_min
