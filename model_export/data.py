@@ -56,6 +56,22 @@ def holdout_split(n: int, n_val: int, seed: int) -> tuple[Tensor, Tensor]:
     return perm[n_val:], perm[:n_val]
 
 
+def stratified_folds(labels: list[int], n_folds: int, seed: int) -> list[int]:
+    """Fold index (0..n_folds-1) of each example: per label a seeded shuffle, dealt round-robin with the
+    deal continuing from label to label, so every fold holds each label in proportion and the fold sizes
+    differ by at most one (k-fold cross-validation)."""
+    if n_folds < 2:
+        raise ValueError(f"n_folds must be >= 2, got {n_folds}")
+    g = torch.Generator().manual_seed(seed)
+    fold, dealt = [0] * len(labels), 0
+    for label in sorted(set(labels)):
+        members = [i for i, y in enumerate(labels) if y == label]
+        for j in torch.randperm(len(members), generator=g).tolist():
+            fold[members[j]] = dealt % n_folds
+            dealt += 1
+    return fold
+
+
 @dataclass(frozen=True)
 class NewsDoc:
     text: str

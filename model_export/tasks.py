@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -100,18 +101,41 @@ Task = ImageTask | SequenceTask | LengthMixTask
 HOLDOUT = {"fashion": 2000, "news": 150, "brown": 40}  # seeded per-epoch validation docs (seed 1234)
 
 
+FOLD_SEED = 1234
+
+
+def fold_split(fold: int, n_folds: int, part: str) -> str:
+    """The split name of k-fold cross-validation over ALL of a text dataset (its test split included):
+    part "train" is every fold but `fold`, part "test" is fold `fold`."""
+    if not 0 <= fold < n_folds or part not in ("train", "test"):
+        raise ValueError(f"fold must be in 0..{n_folds - 1} and part train|test, got {fold}, {part!r}")
+    return f"fold:{fold}/{n_folds}:{part}"
+
+
+def is_train_split(split: str) -> bool:
+    return split in ("train", "trainval") or split.endswith(":train")
+
+
 def text_docs(dataset: str, split: str) -> tuple[list[str], list[int]]:
-    """(texts, labels) of a text dataset's split: "train" | "val" | "test" | "trainval" (train + holdout)."""
+    """(texts, labels) of a text dataset's split: "train" | "val" | "test" | "trainval" (train + holdout),
+    or a k-fold part over all documents (`fold_split`; stratified by label, seed FOLD_SEED)."""
+    fold = re.fullmatch(r"fold:(\d+)/(\d+):(train|test)", split)
+    pick = "all" if fold else "test" if split == "test" else "train"
     if dataset == "news":
-        docs = data.load_news("test" if split == "test" else "train")
+        docs = data.load_news("train") + data.load_news("test") if pick == "all" else data.load_news(pick)
         texts, labels = [d.text for d in docs], [d.label for d in docs]
     elif dataset == "brown":
         from model_export.brown import load_brown
 
-        bdocs = load_brown("test" if split == "test" else "train")
+        bdocs = load_brown(pick)
         texts, labels = [d.text for d in bdocs], [d.label for d in bdocs]
     else:
         raise ValueError(f"{dataset!r} is not a text-document dataset (news, brown)")
+    if fold:
+        k, n_folds, part = int(fold[1]), int(fold[2]), fold[3]
+        of = data.stratified_folds(labels, n_folds, FOLD_SEED)
+        keep = [i for i, f in enumerate(of) if (f == k) == (part == "test")]
+        return [texts[i] for i in keep], [labels[i] for i in keep]
     if split in ("train", "val"):
         tr, va = data.holdout_split(len(texts), HOLDOUT[dataset], seed=1234)
         keep = (tr if split == "train" else va).tolist()
@@ -139,12 +163,14 @@ def load_task(
 
     length_mix (text datasets, training): LengthMixTask settings for mixed-length windows and composites.
     """
+    if split.startswith("fold:") and dataset not in ("news", "brown"):
+        raise ValueError(f"k-fold splits are for the text-document datasets (news, brown), not {dataset!r}")
     base = "test" if split == "test" else "train"
-    if dataset in ("news", "brown") and (length_mix is not None or dataset == "brown"):
+    if dataset in ("news", "brown") and (length_mix is not None or dataset == "brown" or split.startswith("fold:")):
         texts, labels = text_docs(dataset, split)
         raws = [t.encode("utf-8") for t in texts]
         y = torch.tensor(labels, dtype=torch.int64)
-        if split in ("train", "trainval") and length_mix is not None:
+        if is_train_split(split) and length_mix is not None:
             task: Task = LengthMixTask(raws, y, cfg.max_length, **length_mix)
         else:
             task = SequenceTask([[b + 1 for b in r[: cfg.max_length]] for r in raws], y, cfg.max_length, cfg.max_length)

@@ -91,9 +91,28 @@ def _length_eval(model: nn.Module, dataset: str, args: argparse.Namespace) -> di
     from model_export.long_docs import length_report
     from model_export.tasks import text_docs
 
-    texts, labels = text_docs(dataset, "val")
+    texts, labels = text_docs(dataset, _splits(args)[1])
+    if args.eval_limit is not None:
+        texts, labels = texts[: args.eval_limit], labels[: args.eval_limit]
     rep = length_report(model, texts, labels, **LENGTH_EVAL[dataset])
     return {f"val_{k}": round(v, 4) for k, v in rep.items()}
+
+
+def _splits(args: argparse.Namespace) -> tuple[str, str, str]:
+    """(train, per-epoch validation, test) split names. With --fold K/N the held-out fold is both
+    validation and test: nothing is selected by it (training runs its budget; the last weights are kept)."""
+    if args.fold is None:
+        return args.train_split, "val", "test"
+    from model_export.tasks import fold_split
+
+    k, _, n = args.fold.partition("/")
+    if not (k.isdigit() and n.isdigit()):
+        raise SystemExit(f"--fold must be K/N with 0 <= K < N (e.g. 0/5), got {args.fold!r}")
+    try:
+        held_out = fold_split(int(k), int(n), "test")
+    except ValueError as exc:
+        raise SystemExit(f"--fold {args.fold}: {exc}") from None
+    return fold_split(int(k), int(n), "train"), held_out, held_out
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -119,6 +138,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--train-split", choices=["train", "trainval"], default="train", help="trainval: also fit the holdout"
+    )
+    p.add_argument(
+        "--fold",
+        default=None,
+        help="K/N: k-fold cross-validation over all documents of a text dataset (its test split included): "
+        "train on every fold but K, evaluate on fold K (stratified by label, fixed seed)",
     )
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (smoke tests)")
     p.add_argument("--time-budget", type=float, default=None, help="minutes of training; schedule fits the budget")
@@ -164,12 +189,11 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     ckpt = Path(args.run_dir or f"runs/ckpt/{out.name}")
 
     mix = {**LENGTH_MIX[dataset], **json.loads(args.length_mix)} if args.length_mix is not None else None
-    train_task = load_task(
-        dataset, args.train_split, cfg, train_length=args.train_length, limit=args.limit, length_mix=mix
-    )
+    train_split, val_split, test_split = _splits(args)
+    train_task = load_task(dataset, train_split, cfg, train_length=args.train_length, limit=args.limit, length_mix=mix)
     if args.no_augment and hasattr(train_task, "augment"):
         train_task.augment = False
-    val_task = load_task(dataset, "val", cfg, limit=args.eval_limit)
+    val_task = load_task(dataset, val_split, cfg, limit=args.eval_limit)
     steps_epoch = train_task.steps_per_epoch(hp["batch_size"])
     total = steps_epoch * hp["epochs"] if args.max_steps is None else min(args.max_steps, steps_epoch * hp["epochs"])
     decay, no_decay = [], []
@@ -254,7 +278,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "history": state["history"],  # per epoch: loss, accuracy, holdout accuracy at several lengths
     }
     if not args.no_test:
-        test = evaluate_task(model, load_task(dataset, "test", cfg, limit=args.eval_limit))
+        test = evaluate_task(model, load_task(dataset, test_split, cfg, limit=args.eval_limit))
         metrics.update(test_accuracy=test["accuracy"], n_test=test["n"])
     conf = make_config_dict(
         out.name,
@@ -266,7 +290,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             **hp,
             "train_length": args.train_length if dataset != "fashion" and not args.length_mix else None,
             "length_mix": mix,
-            "train_split": args.train_split,
+            "train_split": train_split,
             "limit": args.limit,
             "time_budget_min": args.time_budget,
             "clock": args.clock,

@@ -13,9 +13,10 @@ import torch
 
 import model_export as me
 from model_export import brown
-from model_export.data import pad_batch
+from model_export.data import pad_batch, stratified_folds
 from model_export.long_docs import LengthMixTask, accuracy_on, make_composites, to_ids
 from model_export.registry import build_model, get_config
+from model_export.tasks import fold_split, text_docs
 
 REPO = Path(__file__).resolve().parents[2] / "model_repository"
 NEWS, GENRE = REPO / "lara-text-news", REPO / "lara-text-genre"
@@ -183,3 +184,42 @@ def test_long_padding_invariance_shipped(news_test) -> None:
         batched = model(ids, mask).softmax(-1)
         alone = model(torch.tensor([to_ids(long_a)]), torch.ones(1, len(long_a), dtype=torch.int64)).softmax(-1)
     torch.testing.assert_close(batched[:1], alone, atol=1e-5, rtol=0)
+
+
+def test_stratified_folds_partition_every_label() -> None:
+    labels = [0] * 14 + [1] * 43 + [2] * 20 + [3] * 32
+    folds = stratified_folds(labels, 5, seed=1)
+    assert folds == stratified_folds(labels, 5, seed=1) and folds != stratified_folds(labels, 5, seed=2)
+    for k in range(5):
+        per_label = Counter(y for y, f in zip(labels, folds, strict=True) if f == k)
+        # each label dealt round-robin: a fold holds floor or ceil of its fifth
+        assert all(n // 5 <= per_label[y] <= -(-n // 5) for y, n in Counter(labels).items())
+    assert sorted(Counter(folds).values()) == [21, 22, 22, 22, 22]  # 109 examples: sizes differ by <= 1
+    with pytest.raises(ValueError, match="n_folds"):
+        stratified_folds(labels, 1, seed=1)
+
+
+def test_brown_kfold_splits_cover_all_documents_once(brown_all: list[brown.BrownDoc]) -> None:
+    test_parts = [text_docs("brown", fold_split(k, 5, "test")) for k in range(5)]
+    held_out = [t for texts, _ in test_parts for t in texts]
+    assert sorted(held_out) == sorted(d.text for d in brown_all)  # every document held out exactly once
+    train0, _ = text_docs("brown", fold_split(0, 5, "train"))
+    assert len(train0) + len(test_parts[0][0]) == 500 and not set(train0) & set(test_parts[0][0])
+    assert [len(texts) for texts, _ in test_parts] == [100] * 5
+    with pytest.raises(ValueError, match="fold must be in 0..4"):
+        fold_split(5, 5, "test")
+
+
+def test_fold_cli_is_checked() -> None:
+    from model_export import train
+
+    args = train.parse_args(["--model", "lara-text-genre", "--fold", "5/5"])
+    with pytest.raises(SystemExit, match="fold must be in 0..4"):
+        train._splits(args)
+    with pytest.raises(SystemExit, match="K/N"):
+        train._splits(train.parse_args(["--model", "lara-text-genre", "--fold", "two"]))
+    assert train._splits(train.parse_args(["--model", "lara-text-genre", "--fold", "2/5"])) == (
+        "fold:2/5:train",
+        "fold:2/5:test",
+        "fold:2/5:test",
+    )
