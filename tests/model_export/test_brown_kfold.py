@@ -1,0 +1,30 @@
+"""Smoke test of benchmarks/brown_kfold.py: one fold at a tiny budget writes rows, summary and plot."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from model_export import brown
+
+
+def test_one_fold_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    try:
+        brown.load_brown("test")
+    except brown.BrownUnavailable as e:
+        pytest.skip(str(e))
+    from benchmarks import brown_kfold
+
+    monkeypatch.setattr(brown_kfold, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(brown_kfold, "OUT", tmp_path / "brown_kfold.json")
+    brown_kfold.main(["--folds", "3", "--budget", "0.01", "--score-limit", "24"])
+    result = json.loads((tmp_path / "brown_kfold.json").read_text())
+    (row,) = result["rows"]
+    assert row["fold"] == 3 and row["n_test"] == 24 and row["train_time_s"] >= 0.6
+    assert all(0.0 <= row[m][k] <= 1.0 for m in ("lara", "tfidf") for k in ("full", "first_2048"))
+    assert row["tfidf"]["full"] > 0.4  # the anchor is a real classifier (about 0.75 at full length; chance 0.25-0.4)
+    assert result["summary"]["lara_full"]["pooled"] == round(row["lara"]["full"], 4)
+    assert (tmp_path / "brown_kfold.png").stat().st_size > 1000
+    assert "--fold 3/5" in row["command"] and (tmp_path / "runs" / "fold-3" / "config.json").is_file()
