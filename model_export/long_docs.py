@@ -59,7 +59,8 @@ class LengthMixTask:
     """Training on mixed lengths; evaluation on whole documents (up to eval_length).
 
     min_length..max_length: log-uniform window length; composite_prob: chance that an example is a window
-    of a same-label composite of length composite_min..composite_max; tokens_per_batch: the batch budget.
+    of a same-label composite of length composite_min..composite_max; head_prob: chance
+    that a plain window starts at the document's head; tokens_per_batch: the batch budget.
     """
 
     docs: list[bytes]
@@ -68,6 +69,7 @@ class LengthMixTask:
     min_length: int = 256
     max_length: int = 8192
     composite_prob: float = 0.0
+    head_prob: float = 0.0
     composite_min: int = 4096
     composite_max: int = 16384
     tokens_per_batch: int = 24576
@@ -90,7 +92,10 @@ class LengthMixTask:
             length = int(math.exp(rng.uniform(math.log(self.min_length), math.log(self.max_length))))
             raw = self.docs[i]
         if len(raw) > length:
-            start = rng.randrange(len(raw) - length + 1)
+            # head_prob: the window starts at the document's first byte, as a head-truncated request does
+            # (the server's default); 0 draws nothing extra, so earlier seeds give the same epochs.
+            head = self.head_prob > 0.0 and rng.random() < self.head_prob
+            start = 0 if head else rng.randrange(len(raw) - length + 1)
             raw = raw[start : start + length]
         return raw, y
 

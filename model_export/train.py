@@ -48,7 +48,7 @@ LENGTH_MIX: dict[str, dict[str, Any]] = {
 }
 # Per-epoch validation at several lengths (truncations of the holdout, and composites for news).
 LENGTH_EVAL: dict[str, dict[str, Any]] = {
-    "news": {"truncations": [512, 2048], "composite_lengths": [16384], "per_class": 2},
+    "news": {"truncations": [512, 1024, 2048], "composite_lengths": [16384], "per_class": 2},
     "brown": {"truncations": [2048], "composite_lengths": [], "per_class": 0},
 }
 

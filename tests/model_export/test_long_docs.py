@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 from collections import Counter
 from pathlib import Path
 
@@ -113,6 +114,18 @@ def test_length_mix_batches_fit_the_token_budget() -> None:
         lengths += inputs["attention_mask"].sum(1).tolist()
     assert max(lengths) > 2048  # composites go past the single-document windows
     assert min(lengths) < 256
+
+
+def test_head_prob_starts_windows_at_the_document_head() -> None:
+    docs = [b"\x00" + bytes(range(1, 250)) * 8 for _ in range(40)]  # byte 0 occurs only at the head
+    labels = torch.zeros(40, dtype=torch.int64)
+    heads = {}
+    for prob in (0.0, 1.0):
+        task = LengthMixTask(docs, labels, eval_length=4096, min_length=64, max_length=512, head_prob=prob)
+        rng = random.Random(0)
+        windows = [task._example(rng, {0: list(range(40))})[0] for _ in range(200)]
+        heads[prob] = sum(w[0] == 0 for w in windows)
+    assert heads[1.0] == 200 and heads[0.0] < 20  # uniform starts rarely hit the head
 
 
 def test_conv_positions_are_padding_invariant_and_exportable_shapes() -> None:
