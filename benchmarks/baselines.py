@@ -194,7 +194,8 @@ def plot_history(rows: list[dict[str, Any]], task: str, out: Path) -> bool:
         ax_e.plot(ep, acc, marker="o", label=label)
         ax_t.plot(minutes, acc, marker="o", label=label)
     ax_e.set_xlabel("epoch")
-    ax_t.set_xlabel("training time (min, 1 thread, shared machine)")
+    cpu_clock = task in GROUPS and "cpu" in GROUPS[task][2]  # --clock cpu: the budget counts CPU time
+    ax_t.set_xlabel("CPU time (min, 1 thread)" if cpu_clock else "training time (min, 1 thread, shared machine)")
     for ax in (ax_e, ax_t):
         ax.set_ylabel("holdout accuracy (%)")
         ax.grid(alpha=0.3)
