@@ -131,7 +131,8 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 def merge(row: dict[str, Any], budget_min: float, threads: int) -> dict[str, Any]:
     """Add one fold's row to the results file under a lock (parallel processes write the same file)."""
     OUT.parent.mkdir(parents=True, exist_ok=True)
-    with open(OUT.with_suffix(".lock"), "w") as lock:
+    RUNS.mkdir(parents=True, exist_ok=True)
+    with open(RUNS / "merge.lock", "w") as lock:  # beside the runs, not among the committed results
         fcntl.flock(lock, fcntl.LOCK_EX)
         cur = json.loads(OUT.read_text()) if OUT.is_file() else {}
         if cur.get("budget_min") != budget_min:
