@@ -105,8 +105,11 @@ def ray_app() -> Iterator[tuple[str, subprocess.Popen[bytes], Path]]:
         "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
         "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "60",
     }
+    # request_timeout_s 80 (default 30): with the 2 cores busy, a batch of Brown texts took ~17 s and the
+    # burst's last requests were refused with 504 before computing (seen once); still under the client's 90 s.
     cmd = [python, "-m", "deploy.ray.serve_app", "ingress", f"num_replicas={REPLICAS}", "num_cpus=1",
-           "--port", str(port), "--num-cpus", str(REPLICAS), "--temp-dir", str(temp_dir)]  # fmt: skip
+           "request_timeout_s=80", "--port", str(port), "--num-cpus", str(REPLICAS),
+           "--temp-dir", str(temp_dir)]  # fmt: skip
     with open(log_path, "wb") as log:
         driver = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
