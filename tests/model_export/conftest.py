@@ -7,6 +7,7 @@ import os
 import pytest
 import torch
 
+from model_export import brown
 from model_export.data import DataUnavailable, load_fashion, load_news
 
 
@@ -33,3 +34,13 @@ def fashion_test():
 @pytest.fixture(scope="session")
 def news_test():
     return _load_or_skip(load_news, "test")
+
+
+@pytest.fixture(scope="session")
+def brown_all() -> list[brown.BrownDoc]:
+    try:
+        return brown.load_brown("all")
+    except brown.BrownUnavailable as e:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must have the Brown corpus unpacked by `make test`: {e}")
+        pytest.skip(str(e))

@@ -10,11 +10,7 @@ import pytest
 from model_export import brown
 
 
-def test_one_fold_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    try:
-        brown.load_brown("test")
-    except brown.BrownUnavailable as e:
-        pytest.skip(str(e))
+def test_one_fold_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, brown_all: list[brown.BrownDoc]) -> None:
     from benchmarks import brown_kfold
 
     monkeypatch.setattr(brown_kfold, "RUNS", tmp_path / "runs")

@@ -4,7 +4,6 @@ shipped text models on long inputs (composites at 16 KB and 64 KB, padding invar
 from __future__ import annotations
 
 import json
-import os
 import random
 from collections import Counter
 from pathlib import Path
@@ -21,16 +20,6 @@ from model_export.tasks import fold_split, text_docs
 
 REPO = Path(__file__).resolve().parents[2] / "model_repository"
 NEWS, GENRE = REPO / "lara-text-news", REPO / "lara-text-genre"
-
-
-@pytest.fixture(scope="session")
-def brown_all() -> list[brown.BrownDoc]:
-    try:
-        return brown.load_brown("all")
-    except brown.BrownUnavailable as e:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must have the Brown corpus unpacked by `make test`: {e}")
-        pytest.skip(str(e))
 
 
 # -- Brown ------------------------------------------------------------------------------------------------
