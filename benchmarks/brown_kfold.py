@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from benchmarks.common import RESULTS, environment
+from benchmarks.long_docs import first_bytes, tfidf_classifier
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "runs" / "brown-kfold"
@@ -37,20 +38,10 @@ FIRST = 2048
 
 
 def tfidf_scores(train: tuple[list[str], list[int]], test: tuple[list[str], list[int]]) -> dict[str, float]:
-    from sklearn.feature_extraction.text import TfidfVectorizer
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.pipeline import make_pipeline
-
-    def cut(texts: list[str], first: int | None) -> list[str]:
-        return texts if first is None else [t.encode()[:first].decode("utf-8", "ignore") for t in texts]
-
     out = {}
     for key, first in (("full", None), (f"first_{FIRST}", FIRST)):
-        clf = make_pipeline(
-            TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=2), LogisticRegression(C=10.0)
-        )
-        clf.fit(cut(train[0], first), train[1])
-        out[key] = float((clf.predict(cut(test[0], first)) == test[1]).mean())
+        clf = tfidf_classifier().fit(first_bytes(train[0], first), train[1])
+        out[key] = float((clf.predict(first_bytes(test[0], first)) == test[1]).mean())
     return out
 
 

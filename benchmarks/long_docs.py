@@ -28,35 +28,36 @@ TRUNCATIONS = [256, 512, 1024, 2048, 4096, 8192, 16384, 65536]
 COMPOSITES = [8192, 16384, 32768, 65536]
 
 
-def tfidf_anchor(dataset: str, first: int | None) -> float:
-    """TF-IDF word 1-2-grams + logistic regression, fit on the train split, scored on the test split."""
+def first_bytes(texts: list[str], first: int | None) -> list[str]:
+    """Each text cut to its first `first` UTF-8 bytes (None: whole)."""
+    return texts if first is None else [t.encode()[:first].decode("utf-8", "ignore") for t in texts]
+
+
+def tfidf_classifier() -> Any:
+    """The anchor: TF-IDF word 1-2-grams (sublinear, min_df 2) + logistic regression (C=10)."""
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
 
-    def cut(texts: list[str]) -> list[str]:
-        return texts if first is None else [t.encode()[:first].decode("utf-8", "ignore") for t in texts]
+    return make_pipeline(TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=2), LogisticRegression(C=10.0))
 
+
+def tfidf_anchor(dataset: str, first: int | None) -> float:
+    """The anchor fit on the train split, scored on the test split."""
     tr, ytr = text_docs(dataset, "trainval")
     te, yte = text_docs(dataset, "test")
-    clf = make_pipeline(TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=2), LogisticRegression(C=10.0))
-    clf.fit(cut(tr), ytr)
-    return float((clf.predict(cut(te)) == yte).mean())
+    clf = tfidf_classifier().fit(first_bytes(tr, first), ytr)
+    return float((clf.predict(first_bytes(te, first)) == yte).mean())
 
 
 def tfidf_kfold(dataset: str, first: int | None, folds: int = 5) -> list[float]:
     """Stratified k-fold accuracy of the same anchor over train + test (a figure less noisy than 109 docs)."""
-    from sklearn.feature_extraction.text import TfidfVectorizer
-    from sklearn.linear_model import LogisticRegression
     from sklearn.model_selection import StratifiedKFold, cross_val_score
-    from sklearn.pipeline import make_pipeline
 
     tr, ytr = text_docs(dataset, "trainval")
     te, yte = text_docs(dataset, "test")
-    texts = [t if first is None else t.encode()[:first].decode("utf-8", "ignore") for t in tr + te]
-    clf = make_pipeline(TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=2), LogisticRegression(C=10.0))
     cv = StratifiedKFold(folds, shuffle=True, random_state=0)
-    return [float(x) for x in cross_val_score(clf, texts, ytr + yte, cv=cv)]
+    return [float(x) for x in cross_val_score(tfidf_classifier(), first_bytes(tr + te, first), ytr + yte, cv=cv)]
 
 
 def measure_model(name: str, per_class: int) -> dict[str, Any]:
