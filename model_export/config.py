@@ -62,7 +62,7 @@ class TextConfig:
     depth: int = 2
     heads: int = 4
     mlp_ratio: float = 2.0
-    ngram_buckets: int = 0  # >0: hashed 2..4-gram embeddings added at every position
+    ngram_buckets: int = 0  # >0: hashed byte n-gram embeddings (ngram_orders) added at every position
     ngram_orders: tuple[int, ...] = (2, 3, 4)
     # "sinusoidal": absolute positions (do not extrapolate past the trained length);
     # "conv": a masked depthwise Conv1d over the embeddings, relative and length-free (CPVT-style).

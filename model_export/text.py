@@ -15,10 +15,12 @@ from kernels.landmarks import tracing
 from model_export.config import TextConfig
 from model_export.layers import Block, init_weights
 
-# Exact polynomial code of the n-gram (base 257 > any id, so no int64 overflow up to 4-grams),
-# then an order-salted modulus; use a prime bucket count for an even spread.
+# Exact polynomial code of the n-gram (base 257 > any id), then an order-salted modulus; use a prime
+# bucket count for an even spread. The code of an n-gram is below 257**n, so int64 holds it exactly up to
+# n = 7 (257**8 > 2**63): longer orders would wrap and alias unrelated n-grams.
 _BASE = 257
 _ORDER_SALT = 1_000_003
+MAX_ORDER = 7
 
 
 def sinusoidal(positions: Tensor, dim: int) -> Tensor:
@@ -38,6 +40,8 @@ class NgramEmbedding(nn.Module):
 
     def __init__(self, buckets: int, orders: tuple[int, ...], dim: int) -> None:
         super().__init__()
+        if not orders or any(not 1 <= n <= MAX_ORDER for n in orders):
+            raise ValueError(f"ngram_orders must be integers in 1..{MAX_ORDER} (exact int64 hashing), got {orders}")
         self.buckets = buckets
         self.orders = orders
         self.table = nn.Embedding(buckets, dim)
