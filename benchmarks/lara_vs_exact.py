@@ -131,7 +131,7 @@ def summary(cells: list[Cell], names: dict[str, Any], skipped_lengths: list[int]
     return out
 
 
-def ratio_chart(rows: list[dict[str, Any]], path: Path) -> Path:
+def ratio_chart(rows: list[dict[str, Any]], path: Path, lara_backend: str) -> Path:
     """exact p50 / LARA p50 vs length, one line per concurrency; above 1 LARA answers sooner."""
     from matplotlib.ticker import FuncFormatter
 
@@ -153,7 +153,7 @@ def ratio_chart(rows: list[dict[str, Any]], path: Path) -> Path:
     ax.xaxis.set_major_formatter(FuncFormatter(format_bytes))
     ax.set_xlabel("document length")
     ax.set_ylabel("exact p50 / LARA p50")
-    ax.set_title("Exact attention p50 / LARA p50 (same weights, same server)")
+    ax.set_title(f"Exact (torch SDPA) p50 / LARA ({lara_backend}) p50, same weights, one server", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -196,8 +196,8 @@ def main() -> int:
                "LARA_BACKEND": "torch", "LARA_MODEL_BACKENDS": f"{names['lara']}={args.lara_backend}",
                "LARA_REQUEST_TIMEOUT_S": "600", "LARA_NUM_THREADS": str(args.threads)}  # fmt: skip
         with server_process(["--log-level", "warning"], env=env, timeout_s=300) as url:
-            targets = [Target(url, names["lara"], "text", f"{names['lara']} (LARA)", f"lara_{args.lara_backend}"),
-                       Target(url, names["exact"], "text", f"{names['lara']} (exact)", "lara_torch")]  # fmt: skip
+            targets = [Target(url, names["lara"], "text", f"{names['lara']} (LARA, {args.lara_backend})", f"lara_{args.lara_backend}"),
+                       Target(url, names["exact"], "text", f"{names['lara']} (exact, torch SDPA)", "lara_torch")]  # fmt: skip
             plan = SweepPlan(targets=targets, groups=[synthetic_text(n) for n in lengths],
                              points=[LoadPoint.closed(int(c)) for c in args.concurrency.split(",")],
                              requests=args.requests, seconds=args.seconds, timeout_s=900.0, warmup=1,
@@ -226,7 +226,7 @@ def main() -> int:
     write_json(report, args.out / "report.json")
     write_csv(cells, args.out / "report.csv")
     write_charts(cells, args.out)
-    ratio_chart(result["ratios"], args.out / "exact_over_lara.png")
+    ratio_chart(result["ratios"], args.out / "exact_over_lara.png", args.lara_backend)
     (args.out / "summary.json").write_text(json.dumps({**settings, **result}, indent=2, allow_nan=False) + "\n")
     print(format_table(cells))
     print(json.dumps(result, indent=2))
