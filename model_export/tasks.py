@@ -135,6 +135,15 @@ def text_docs(dataset: str, split: str) -> tuple[list[str], list[int]]:
         k, n_folds, part = int(fold[1]), int(fold[2]), fold[3]
         of = data.stratified_folds(labels, n_folds, FOLD_SEED)
         keep = [i for i, f in enumerate(of) if (f == k) == (part == "test")]
+        if part == "test":
+            # Classes interleaved (the first of each class, then the second of each, ...): a prefix, as
+            # --eval-limit takes for per-epoch progress, holds every class. The documents are the same.
+            turn: dict[int, int] = {}
+            count: dict[int, int] = {}
+            for i in keep:
+                turn[i] = count.get(labels[i], 0)
+                count[labels[i]] = turn[i] + 1
+            keep.sort(key=lambda i: (turn[i], labels[i]))
         return [texts[i] for i in keep], [labels[i] for i in keep]
     if split in ("train", "val"):
         tr, va = data.holdout_split(len(texts), HOLDOUT[dataset], seed=1234)

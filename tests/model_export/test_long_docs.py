@@ -208,6 +208,8 @@ def test_brown_kfold_splits_cover_all_documents_once(brown_all: list[brown.Brown
     train0, _ = text_docs("brown", fold_split(0, 5, "train"))
     assert len(train0) + len(test_parts[0][0]) == 500 and not set(train0) & set(test_parts[0][0])
     assert [len(texts) for texts, _ in test_parts] == [100] * 5
+    for _, labels in test_parts:  # classes interleaved: the first 20 (per-epoch progress) hold all four
+        assert labels[:4] == [0, 1, 2, 3] and len(set(labels[:20])) == 4
     with pytest.raises(ValueError, match="fold must be in 0..4"):
         fold_split(5, 5, "test")
 
