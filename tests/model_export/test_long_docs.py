@@ -227,3 +227,13 @@ def test_fold_cli_is_checked() -> None:
         "fold:2/5:test",
         "fold:2/5:test",
     )
+
+
+def test_tfidf_anchor_by_length_is_one_fit_scored_on_cuts(news_test) -> None:
+    from benchmarks.long_docs import TRUNCATIONS, tfidf_anchor, tfidf_truncation
+
+    cut = tfidf_truncation("news")
+    longest = max(len(d.text.encode("utf-8")) for d in news_test)
+    assert list(cut) == [str(n) for n in TRUNCATIONS if n < longest] + ["full"]
+    assert cut["full"] == tfidf_anchor("news", None)  # the same fit and documents as the full-length anchor
+    assert cut["256"] < cut["full"] and cut["full"] > 0.9  # a real classifier that a 256-byte cut starves
