@@ -187,13 +187,15 @@ def plot_history(rows: list[dict[str, Any]], task: str, out: Path) -> bool:
 
     fig, (ax_e, ax_t) = plt.subplots(1, 2, figsize=(10, 4))
     for r in sorted(rows, key=lambda r: r["attention"]):
-        ep = [h["epoch"] for h in r["history"]]
+        ep: list[float] = [h["epoch"] for h in r["history"]]
+        if r.get("epochs_done") is not None:  # a time budget ends mid-epoch: place the last point where it stopped
+            ep[-1] = min(ep[-1], r["epochs_done"])
         acc = [100 * h["val_acc"] for h in r["history"]]
         minutes = [h["train_time_s"] / 60 for h in r["history"]]
         label = f"{r['attention']} (test {100 * r['test_accuracy']:.2f}%)"
         ax_e.plot(ep, acc, marker="o", label=label)
         ax_t.plot(minutes, acc, marker="o", label=label)
-    ax_e.set_xlabel("epoch")
+    ax_e.set_xlabel("epochs (the last one partial when the budget ran out)")
     cpu_clock = task in GROUPS and "cpu" in GROUPS[task][2]  # --clock cpu: the budget counts CPU time
     ax_t.set_xlabel("CPU time (min, 1 thread)" if cpu_clock else "training time (min, 1 thread, shared machine)")
     for ax in (ax_e, ax_t):
@@ -213,7 +215,14 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--kinds", nargs="+", default=None, help="attention kinds to run (default: the group's)")
+    p.add_argument("--plot-only", action="store_true", help="redraw the --only groups' charts from the stored rows")
     args = p.parse_args()
+    if args.plot_only:
+        stored = json.loads(RESULTS.read_text())["rows"]
+        for group in args.only:
+            if group in GROUPS and plot_history(stored, group, RESULTS.with_name(f"baselines_{group}.png")):
+                print(f"wrote {RESULTS.with_name(f'baselines_{group}.png')}")
+        return
     jobs: list[tuple[str, list[str] | None]] = []
     for group in args.only:
         if group in GROUPS:
