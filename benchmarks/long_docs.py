@@ -100,11 +100,12 @@ def plot(results: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for ds, a in results.get("anchors", {}).items():
+    for (ds, a), marker in zip(results.get("anchors", {}).items(), "xv^+", strict=False):
         cut = a.get("truncation_of_whole_fit")
         if cut:  # drawn first, in grey: the reference the models are read against
             xs = [int(k) for k in cut if k != "full"]
-            ax.plot(xs, [100 * cut[str(x)] for x in xs], "x:", color="grey", lw=1, label=f"TF-IDF+LR anchor ({ds})")
+            ys = [100 * cut[str(x)] for x in xs]
+            ax.plot(xs, ys, ":", marker=marker, color="grey", lw=1, label=f"TF-IDF+LR anchor ({ds}): first n bytes")
     for name, r in results["models"].items():
         xs = [int(k) for k in r["truncation"] if k != "full"]
         ax.plot(xs, [100 * r["truncation"][str(x)] for x in xs], "o-", label=f"{name}: first n bytes")
