@@ -209,6 +209,14 @@ def plot_history(rows: list[dict[str, Any]], task: str, out: Path) -> bool:
     return True
 
 
+def plot_groups(rows: list[dict[str, Any]], groups: list[str]) -> None:
+    """One chart per training group among `groups` (baselines_<group>.png beside the results)."""
+    for group in groups:
+        out = RESULTS.with_name(f"baselines_{group}.png")
+        if group in GROUPS and plot_history(rows, group, out):
+            print(f"wrote {out}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", nargs="+", default=["tfidf", *GROUPS], choices=["tfidf", "shipped", *GROUPS])
@@ -218,10 +226,7 @@ def main() -> None:
     p.add_argument("--plot-only", action="store_true", help="redraw the --only groups' charts from the stored rows")
     args = p.parse_args()
     if args.plot_only:
-        stored = json.loads(RESULTS.read_text())["rows"]
-        for group in args.only:
-            if group in GROUPS and plot_history(stored, group, RESULTS.with_name(f"baselines_{group}.png")):
-                print(f"wrote {RESULTS.with_name(f'baselines_{group}.png')}")
+        plot_groups(json.loads(RESULTS.read_text())["rows"], args.only)
         return
     jobs: list[tuple[str, list[str] | None]] = []
     for group in args.only:
@@ -254,9 +259,7 @@ def main() -> None:
             )
             + "\n"
         )
-    for group in args.only:
-        if group in GROUPS and plot_history(rows, group, RESULTS.with_name(f"baselines_{group}.png")):
-            print(f"wrote {RESULTS.with_name(f'baselines_{group}.png')}")
+    plot_groups(rows, args.only)
     print(markdown(rows))
 
 

@@ -173,7 +173,8 @@ def main(argv: list[str] | None = None) -> None:
         ],
     )
     note = (
-        "graphs exported with each model's own config (models[].max_length); ms = best of >= 3 runs after a warm-up (medians in *_median_ms); torch.compile(dynamic=True) "
+        "graphs exported with each model's own config (models[].max_length); ms = best of >= 3 runs after a "
+        "warm-up (medians in *_median_ms); torch.compile(dynamic=True) "
         "(text; images: static shapes, one compile per batch size) compile time is excluded (compile_first_call_s)"
     )
     path = write_json(
