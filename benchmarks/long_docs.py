@@ -6,7 +6,13 @@ For each model: test accuracy on the first n bytes of every test document (n = 2
 whole document; for BBC, accuracy on same-label composites of test documents at 8, 16, 32 and 64 KB
 (model_export.long_docs.make_composites, seeded). For Brown, TF-IDF (word 1-2-grams) + logistic regression
 on the same fixed split at full length and on the first 2,048 bytes, and 5-fold cross-validated figures
-for the anchor over all 500 texts. Writes benchmarks/results/long_docs.json and long_docs.png.
+for the anchor over all 500 texts.
+
+How far the first KB falls below the best length is a paired quantity (the same documents, cut and whole):
+each model's `gap_1024` carries a paired-bootstrap 95% interval, and for each dataset the anchor's curve is
+also measured by 5-fold cross-validation over every document, fit on whole documents and fit on whole
+documents plus their first 512 and 1,024 bytes (what head-weighted training buys a bag of words).
+Writes benchmarks/results/long_docs.json and long_docs.png.
 """
 
 from __future__ import annotations
@@ -16,16 +22,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from benchmarks.common import RESULTS, environment, markdown_table, write_json
 from model_export.evaluate import resolve_model_dir
 from model_export.hub import load_config, load_pretrained
-from model_export.long_docs import accuracy_on, make_composites
+from model_export.long_docs import accuracy_on, correct_on, make_composites
 from model_export.tasks import text_docs
 
 TRUNCATIONS = [256, 512, 1024, 2048, 4096, 8192, 16384, 65536]
 COMPOSITES = [8192, 16384, 32768, 65536]
+GAP_AT = 1024  # issue 9: no cut from 1 KB up more than 0.5 point below the best
+HEAD_FIT = (512, 1024)  # the head-weighted anchor also fits these first-n-byte cuts of each training text
 
 
 def first_bytes(texts: list[str], first: int | None) -> list[str]:
@@ -71,6 +80,52 @@ def tfidf_kfold(dataset: str, first: int | None, folds: int = 5) -> list[float]:
     return [float(x) for x in cross_val_score(tfidf_classifier(), first_bytes(tr + te, first), ytr + yte, cv=cv)]
 
 
+def gap_interval(right: dict[str, list[bool]], at: int = GAP_AT, resamples: int = 2000) -> dict[str, Any]:
+    """Points by which accuracy on the first `at` bytes falls below the best of the cuts from `at` up (and
+    whole documents), with a paired-bootstrap 95% interval: documents are resampled together at every cut,
+    so the interval reflects how many documents flip between lengths, not the spread of accuracy itself."""
+    keys = [k for k in right if k == "full" or int(k) >= at]
+    hits = np.array([right[k] for k in keys], dtype=np.float64)  # [cuts, docs]
+    rng = np.random.default_rng(0)
+    sample = rng.integers(0, hits.shape[1], size=(resamples, hits.shape[1]))  # [R, docs]
+    acc = np.stack([h[sample].mean(-1) for h in hits])  # [cuts, R]
+    i = keys.index(str(at))
+    gaps = 100 * (acc.max(0) - acc[i])
+    lo, hi = np.percentile(gaps, [2.5, 97.5])
+    point = 100 * (hits.mean(1).max() - hits[i].mean())
+    return {"at": at, "points": round(float(point), 2), "ci95": [round(float(lo), 2), round(float(hi), 2)]}
+
+
+def tfidf_kfold_truncation(dataset: str, head_fit: tuple[int, ...] = (), folds: int = 5) -> dict[str, Any]:
+    """The anchor by stratified k-fold over every document (train + test): fit on the training folds' whole
+    texts (plus their first n bytes for n in head_fit), scored on the held-out fold's texts cut at each length.
+    Returns pooled accuracy per cut and the paired 1 KB gap."""
+    from sklearn.model_selection import StratifiedKFold
+
+    tr, ytr = text_docs(dataset, "trainval")
+    te, yte = text_docs(dataset, "test")
+    texts, labels = tr + te, np.array(ytr + yte)
+    longest = max(len(t.encode("utf-8")) for t in texts)
+    cuts = [str(n) for n in TRUNCATIONS if n < longest] + ["full"]
+    right = {k: [False] * len(texts) for k in cuts}
+    for fit_idx, held_idx in StratifiedKFold(folds, shuffle=True, random_state=0).split(texts, labels):
+        fit = [texts[i] for i in fit_idx]
+        fit_texts = fit + [t for n in head_fit for t in first_bytes(fit, n)]
+        clf = tfidf_classifier().fit(fit_texts, np.tile(labels[fit_idx], 1 + len(head_fit)))
+        held = [texts[i] for i in held_idx]
+        for k in cuts:
+            pred = clf.predict(first_bytes(held, None if k == "full" else int(k)))
+            for i, hit in zip(held_idx, pred == labels[held_idx], strict=True):
+                right[k][i] = bool(hit)
+    return {
+        "fit_on": "whole texts" + "".join(f" + first {n} B" for n in head_fit),
+        "folds": folds,
+        "n": len(texts),
+        "truncation": {k: float(np.mean(v)) for k, v in right.items()},
+        f"gap_{GAP_AT}": gap_interval(right),
+    }
+
+
 def measure_model(name: str, per_class: int) -> dict[str, Any]:
     model_dir = resolve_model_dir(name)
     conf = load_config(model_dir)
@@ -81,8 +136,10 @@ def measure_model(name: str, per_class: int) -> dict[str, Any]:
     longest = max(len(r) for r in raws)
     out: dict[str, Any] = {"dataset": dataset, "n_test": len(raws), "max_length": conf["model"]["max_length"]}
     t0 = time.perf_counter()
-    out["truncation"] = {str(n): accuracy_on(model, [r[:n] for r in raws], labels) for n in TRUNCATIONS if n < longest}
-    out["truncation"]["full"] = accuracy_on(model, raws, labels)
+    right = {str(n): correct_on(model, [r[:n] for r in raws], labels) for n in TRUNCATIONS if n < longest}
+    right["full"] = correct_on(model, raws, labels)
+    out["truncation"] = {k: sum(v) / len(v) for k, v in right.items()}
+    out[f"gap_{GAP_AT}"] = gap_interval(right)
     if dataset == "news":
         out["composites"] = {}
         for n in COMPOSITES:
@@ -139,6 +196,8 @@ def main(argv: list[str] | None = None) -> None:
         rows = [[k, f"{100 * v:.2f}"] for k, v in r["truncation"].items()]
         rows += [[f"composite {k}", f"{100 * v:.2f}"] for k, v in r.get("composites", {}).items()]
         print(f"\n{name} ({r['dataset']}, {r['n_test']} test docs)\n" + markdown_table(["bytes", "accuracy %"], rows))
+        g = r[f"gap_{GAP_AT}"]
+        print(f"first {GAP_AT} B below the best cut: {g['points']} points (paired bootstrap 95%: {g['ci95']})")
         if not args.no_anchor:
             ds = r["dataset"]
             cut = tfidf_truncation(ds)  # its "full" is the whole-document anchor: one fit, not two
@@ -148,10 +207,15 @@ def main(argv: list[str] | None = None) -> None:
                 "first_2048": tfidf_anchor(ds, 2048),
                 "truncation_of_whole_fit": cut,
             }
+            a["kfold5_truncation"] = [tfidf_kfold_truncation(ds), tfidf_kfold_truncation(ds, HEAD_FIT)]
             if ds == "brown":
                 a["kfold5_full"] = tfidf_kfold(ds, None)
                 a["kfold5_first_2048"] = tfidf_kfold(ds, 2048)
             print(f"TF-IDF anchor on {ds}: full {100 * a['full']:.2f}, first 2,048 bytes {100 * a['first_2048']:.2f}")
+            for kf in a["kfold5_truncation"]:
+                g = kf[f"gap_{GAP_AT}"]
+                cells = ", ".join(f"{k} {100 * v:.2f}" for k, v in kf["truncation"].items())
+                print(f"  {kf['folds']}-fold, fit on {kf['fit_on']}: {cells}; 1 KB gap {g['points']} {g['ci95']}")
     path = write_json("long_docs.json", results)
     plot(results, RESULTS / "long_docs.png")
     print(f"wrote {path} and {RESULTS / 'long_docs.png'}")

@@ -128,19 +128,26 @@ class LengthMixTask:
         yield from length_batches([d[: self.eval_length] for d in self.docs], self.labels.tolist(), batch_size)
 
 
-def length_batches(
-    raws: Sequence[bytes], labels: Sequence[int], batch_size: int, tokens_per_batch: int = 65536
-) -> Iterator[tuple[dict[str, Tensor], Tensor]]:
-    """Evaluation batches sorted by length (little padding), at most batch_size items or the token budget."""
+def length_groups(raws: Sequence[bytes], batch_size: int, tokens_per_batch: int = 65536) -> Iterator[list[int]]:
+    """Indices of `raws` in evaluation batches sorted by length (little padding), at most batch_size items or
+    the token budget (padded length x count) each."""
     order = sorted(range(len(raws)), key=lambda i: len(raws[i]))
     batch: list[int] = []
     for i in order:
         if batch and (len(batch) >= batch_size or len(raws[i]) * (len(batch) + 1) > tokens_per_batch):
-            yield _collate(raws, labels, batch)
+            yield batch
             batch = []
         batch.append(i)
     if batch:
-        yield _collate(raws, labels, batch)
+        yield batch
+
+
+def length_batches(
+    raws: Sequence[bytes], labels: Sequence[int], batch_size: int, tokens_per_batch: int = 65536
+) -> Iterator[tuple[dict[str, Tensor], Tensor]]:
+    """Evaluation batches (inputs, labels) of `length_groups`."""
+    for idx in length_groups(raws, batch_size, tokens_per_batch):
+        yield _collate(raws, labels, idx)
 
 
 def _collate(raws: Sequence[bytes], labels: Sequence[int], idx: list[int]) -> tuple[dict[str, Tensor], Tensor]:
@@ -149,15 +156,26 @@ def _collate(raws: Sequence[bytes], labels: Sequence[int], idx: list[int]) -> tu
 
 
 @torch.inference_mode()
-def accuracy_on(model: torch.nn.Module, raws: Sequence[bytes], labels: Sequence[int], batch_size: int = 16) -> float:
-    """Accuracy of `model` (eval mode) on raw byte documents, batched by length."""
+def correct_on(
+    model: torch.nn.Module, raws: Sequence[bytes], labels: Sequence[int], batch_size: int = 16
+) -> list[bool]:
+    """Whether `model` (eval mode) classifies each raw byte document right, in the order given (batched by
+    length). Per-document results let a benchmark compare two lengths on the same documents (paired)."""
     was_training = model.training
     model.eval()
-    correct = 0
-    for inputs, y in length_batches(raws, labels, batch_size):
-        correct += int((model(**inputs).argmax(-1) == y).sum())
+    right = [False] * len(raws)
+    for idx in length_groups(raws, batch_size):
+        inputs, y = _collate(raws, labels, idx)
+        for i, hit in zip(idx, (model(**inputs).argmax(-1) == y).tolist(), strict=True):
+            right[i] = bool(hit)
     model.train(was_training)
-    return correct / max(len(raws), 1)
+    return right
+
+
+def accuracy_on(model: torch.nn.Module, raws: Sequence[bytes], labels: Sequence[int], batch_size: int = 16) -> float:
+    """Accuracy of `model` (eval mode) on raw byte documents, batched by length."""
+    right = correct_on(model, raws, labels, batch_size)
+    return sum(right) / max(len(right), 1)
 
 
 def length_report(

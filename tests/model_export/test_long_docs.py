@@ -237,3 +237,63 @@ def test_tfidf_anchor_by_length_is_one_fit_scored_on_cuts(news_test) -> None:
     assert list(cut) == [str(n) for n in TRUNCATIONS if n < longest] + ["full"]
     assert cut["full"] == tfidf_anchor("news", None)  # the same fit and documents as the full-length anchor
     assert cut["256"] < cut["full"] and cut["full"] > 0.9  # a real classifier that a 256-byte cut starves
+
+
+class _FirstByteParity(torch.nn.Module):
+    """Predicts class (first byte id) % 2: a model whose right answers are known document by document."""
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        del attention_mask
+        return torch.nn.functional.one_hot(input_ids[:, 0] % 2, 2).float()
+
+
+def test_correct_on_reports_each_document_in_the_order_given() -> None:
+    from model_export.long_docs import correct_on
+
+    rng = random.Random(3)
+    # Lengths shuffled, so the length-sorted batches visit documents out of the given order.
+    raws = [bytes([rng.randrange(97, 123)]) * rng.randrange(1, 300) for _ in range(37)]
+    labels = [rng.randrange(2) for _ in raws]
+    expected = [(r[0] + 1) % 2 == y for r, y in zip(raws, labels, strict=True)]  # byte id = byte + 1
+    assert 5 < sum(expected) < 32  # both outcomes occur
+    assert correct_on(_FirstByteParity(), raws, labels, batch_size=4) == expected
+    assert accuracy_on(_FirstByteParity(), raws, labels, batch_size=4) == sum(expected) / len(expected)
+
+
+def test_gap_interval_is_paired_and_takes_the_best_cut_from_1k_up() -> None:
+    from benchmarks.long_docs import gap_interval
+
+    n = 200
+    same = {"512": [False] * n, "1024": [True] * n, "2048": [True] * n, "full": [True] * n}
+    assert gap_interval(same) == {"at": 1024, "points": 0.0, "ci95": [0.0, 0.0]}  # 512 B does not count
+    # 10 documents wrong at 1 KB, right at 2 KB; whole documents lose 4 of them again: best = 2 KB.
+    flips = {"1024": [i >= 10 for i in range(n)], "2048": [True] * n, "full": [i >= 4 for i in range(n)]}
+    g = gap_interval(flips)
+    assert g["points"] == 5.0  # 100 * 10 / 200
+    lo, hi = g["ci95"]
+    assert 0.0 < lo < 5.0 < hi < 10.0  # resampling which 10 of 200 flip: a binomial spread around 5 points
+
+
+def test_tfidf_kfold_truncation_scores_every_document_once_per_cut(monkeypatch: pytest.MonkeyPatch) -> None:
+    import benchmarks.long_docs as bl
+
+    # 60 synthetic texts: 1,200 bytes of words both classes share, then words only one class uses. The
+    # first KB carries no label, so the anchor must be near chance there and right on whole texts.
+    rng = random.Random(0)
+    shared = [f"w{i}" for i in range(200)]
+    texts, labels = [], []
+    for i in range(60):
+        y = i % 2
+        head = " ".join(rng.choice(shared) for _ in range(400)).encode()[:1200].decode()
+        tail = " ".join(rng.choice([f"a{y}x{j}" for j in range(20)]) for _ in range(50))
+        texts.append(head + " " + tail)
+        labels.append(y)
+    split = {"trainval": (texts, labels), "test": ([], [])}
+    monkeypatch.setattr(bl, "text_docs", lambda dataset, part: split[part])
+    for head_fit in ((), (512, 1024)):
+        kf = bl.tfidf_kfold_truncation("synthetic", head_fit)
+        assert kf["n"] == 60 and list(kf["truncation"]) == ["256", "512", "1024", "full"]
+        assert kf["truncation"]["full"] == 1.0 and kf["truncation"]["1024"] < 0.8
+        g = kf["gap_1024"]
+        assert g["points"] == round(100 * (1.0 - kf["truncation"]["1024"]), 2) and g["ci95"][0] > 10
+    assert kf["fit_on"] == "whole texts + first 512 B + first 1024 B"
