@@ -23,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
         flag = "--" + name.replace("_", "-")
         default = field.get_default(call_default_factory=True)
         help_text = f"{field.description} [env LARA_{name.upper()}; default: {default!r}]"
+        help_text = help_text.replace("%", "%%")  # argparse %-formats help strings ("40% faster" broke --help)
         if field.annotation is bool:
             parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         else:

@@ -53,3 +53,16 @@ def test_model_backends_parse_and_refuse(monkeypatch: pytest.MonkeyPatch, repo: 
         Settings(model_repository=repo, model_backends="tiny-text")  # type: ignore[arg-type]
     with pytest.raises(ValidationError, match="onnxruntime"):
         Settings(model_repository=repo, model_backends="tiny-text=tensorrt")  # type: ignore[arg-type]
+
+
+def test_help_lists_every_setting(capsys: pytest.CaptureFixture[str]) -> None:
+    """`lara-serve --help` prints (a "%" in a description once made argparse raise) and names each env var."""
+    from server.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for name in Settings.model_fields:
+        assert f"LARA_{name.upper()}" in out
+    assert "40% faster" in " ".join(out.split())  # the description that holds a percent sign, unmangled
