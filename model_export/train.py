@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import time
 from pathlib import Path
 from typing import Any
@@ -297,18 +298,26 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             "augment": dataset == "fashion" and not args.no_augment,
             "threads": torch.get_num_threads(),
             "schedule": "warmup+cosine",
-            "command": "python -m model_export.train "
-            + " ".join(
-                f"--{k.replace('_', '-')}" + ("" if v is True or v == "{}" else f" '{v}'" if "{" in str(v) else f" {v}")
-                for k, v in vars(args).items()
-                if v not in (None, False) and not (k == "override" and v == "{}")
-            ),
+            "command": command_line(args),
         },
         metrics=metrics,
     )
     save_pretrained(model.eval(), conf, out)
     print(json.dumps({"out": str(out), **metrics}), flush=True)
     return metrics
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The run's command as a shell line that parse_args reads back to the same settings (recorded in
+    config.json). --train-length is left out under --length-mix, where window lengths come from the mix."""
+    words = ["python", "-m", "model_export.train"]
+    for k, v in vars(args).items():
+        if v in (None, False) or (k == "override" and v == "{}") or (k == "train_length" and args.length_mix):
+            continue
+        words.append(f"--{k.replace('_', '-')}")
+        if v is not True and not (k == "length_mix" and v == "{}"):  # flags and a bare --length-mix take no value
+            words.append(str(v))
+    return shlex.join(words)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import shlex
 
+import pytest
 import torch
 
 import model_export as me
@@ -70,3 +72,24 @@ def test_time_budget_on_the_cpu_clock_stops_mid_run(tmp_path, fashion_test):
     assert metrics["epochs_done"] < 200 and metrics["steps"] == round(metrics["epochs_done"] * 4)
     conf = json.loads((tmp_path / "art" / "config.json").read_text())
     assert conf["training"]["clock"] == "cpu" and conf["training"]["time_budget_min"] == budget_min
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--model", "lara-text-news", "--length-mix", '{"head_prob": 0.5}', "--time-budget", "65", "--seed", "1"],
+        ["--model", "lara-text-news", "--length-mix", "--override", '{"ngram_orders": [2, 3]}', "--resume"],
+        ["--model", "lara-vit-fashion", "--epochs", "3", "--no-augment", "--out", "runs/a b"],
+    ],
+)
+def test_recorded_command_reads_back_to_the_same_settings(argv: list[str]) -> None:
+    """config.json's training.command is a shell line: split and parsed, it gives the run's own settings."""
+    args = train.parse_args(argv)
+    words = shlex.split(train.command_line(args))
+    assert words[:3] == ["python", "-m", "model_export.train"]
+    again = vars(train.parse_args(words[3:]))
+    expected = vars(args)
+    if args.length_mix is not None:  # left out of the line: windows come from the mix, not --train-length
+        assert "--train-length" not in words
+        again.pop("train_length"), expected.pop("train_length")
+    assert again == expected
