@@ -172,7 +172,6 @@ def main(argv: list[str] | None = None) -> None:
         t0 = time.perf_counter()
         row = run_fold(fold, args.budget, args.threads, args.seed, args.score_limit, args.init_from)
         row["wall_time_s"] = round(time.perf_counter() - t0, 1)
-        row["init_from"] = str(args.init_from)
         payload = merge(row, args.budget, args.threads)
         print(json.dumps({"fold": fold, "lara": row["lara"], "tfidf": row["tfidf"]}), flush=True)
     print(json.dumps(payload["summary"], indent=2))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,13 +75,21 @@ def tfidf_kfold(dataset: str, first: int | None, folds: int = 5) -> list[float]:
     """Stratified k-fold accuracy of the same anchor over train + test (a figure less noisy than 109 docs)."""
     from sklearn.model_selection import StratifiedKFold, cross_val_score
 
+    texts, labels = every_document(dataset)
+    cv = StratifiedKFold(folds, shuffle=True, random_state=0)
+    return [float(x) for x in cross_val_score(tfidf_classifier(), first_bytes(texts, first), labels, cv=cv)]
+
+
+def every_document(dataset: str) -> tuple[list[str], list[int]]:
+    """Train (with the holdout) + test: the pool the k-fold figures split."""
     tr, ytr = text_docs(dataset, "trainval")
     te, yte = text_docs(dataset, "test")
-    cv = StratifiedKFold(folds, shuffle=True, random_state=0)
-    return [float(x) for x in cross_val_score(tfidf_classifier(), first_bytes(tr + te, first), ytr + yte, cv=cv)]
+    return tr + te, ytr + yte
 
 
-def gap_interval(right: dict[str, list[bool]], at: int = GAP_AT, resamples: int = 2000) -> dict[str, Any]:
+def gap_interval(
+    right: Mapping[str, Sequence[bool] | np.ndarray], at: int = GAP_AT, resamples: int = 2000
+) -> dict[str, Any]:
     """Points by which accuracy on the first `at` bytes falls below the best of the cuts from `at` up (and
     whole documents), with a paired-bootstrap 95% interval: documents are resampled together at every cut,
     so the interval reflects how many documents flip between lengths, not the spread of accuracy itself."""
@@ -102,21 +111,18 @@ def tfidf_kfold_truncation(dataset: str, head_fit: tuple[int, ...] = (), folds: 
     Returns pooled accuracy per cut and the paired 1 KB gap."""
     from sklearn.model_selection import StratifiedKFold
 
-    tr, ytr = text_docs(dataset, "trainval")
-    te, yte = text_docs(dataset, "test")
-    texts, labels = tr + te, np.array(ytr + yte)
+    texts, label_list = every_document(dataset)
+    labels = np.array(label_list)
     longest = max(len(t.encode("utf-8")) for t in texts)
     cuts = [str(n) for n in TRUNCATIONS if n < longest] + ["full"]
-    right = {k: [False] * len(texts) for k in cuts}
+    right = {k: np.zeros(len(texts), dtype=bool) for k in cuts}
     for fit_idx, held_idx in StratifiedKFold(folds, shuffle=True, random_state=0).split(texts, labels):
         fit = [texts[i] for i in fit_idx]
         fit_texts = fit + [t for n in head_fit for t in first_bytes(fit, n)]
         clf = tfidf_classifier().fit(fit_texts, np.tile(labels[fit_idx], 1 + len(head_fit)))
         held = [texts[i] for i in held_idx]
         for k in cuts:
-            pred = clf.predict(first_bytes(held, None if k == "full" else int(k)))
-            for i, hit in zip(held_idx, pred == labels[held_idx], strict=True):
-                right[k][i] = bool(hit)
+            right[k][held_idx] = clf.predict(first_bytes(held, None if k == "full" else int(k))) == labels[held_idx]
     return {
         "fit_on": "whole texts" + "".join(f" + first {n} B" for n in head_fit),
         "folds": folds,
