@@ -18,7 +18,6 @@ the summary pools the 500 held-out predictions. A fold whose artifact exists is 
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import statistics
 import time
@@ -27,7 +26,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import RESULTS, environment
+from benchmarks.common import RESULTS, merge_fold_row
 from benchmarks.long_docs import first_bytes, tfidf_classifier
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -130,26 +129,15 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def merge(row: dict[str, Any], budget_min: float, threads: int) -> dict[str, Any]:
-    """Add one fold's row to the results file under a lock (parallel processes write the same file)."""
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    RUNS.mkdir(parents=True, exist_ok=True)
-    with open(RUNS / "merge.lock", "w") as lock:  # beside the runs, not among the committed results
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        cur = json.loads(OUT.read_text()) if OUT.is_file() else {}
-        if cur.get("budget_min") != budget_min:
-            cur = {}  # another budget: a different experiment, start over
-        rows = sorted([r for r in cur.get("rows", []) if r["fold"] != row["fold"]] + [row], key=lambda r: r["fold"])
-        payload = {
-            "benchmark": "python -m benchmarks.brown_kfold",
-            "budget_min": budget_min,
-            "budget": f"{budget_min:g} min of one core (CPU time, {threads} thread) per fold, "
-            "from lara-text-news's weights, mixed-length windows 256 B - 4 KB",
-            "environment": environment(),
-            "rows": rows,
-            "summary": summarize(rows),
-        }
-        OUT.write_text(json.dumps(payload, indent=2) + "\n")
-        plot(rows, OUT.with_suffix(".png"))
+    """Add one fold's row to the results file (parallel fold processes write the same file) and redraw."""
+    header = {
+        "benchmark": "python -m benchmarks.brown_kfold",
+        "budget_min": budget_min,
+        "budget": f"{budget_min:g} min of one core (CPU time, {threads} thread) per fold, "
+        "from lara-text-news's weights, mixed-length windows 256 B - 4 KB",
+    }
+    payload = merge_fold_row(OUT, RUNS, row, header, summarize)
+    plot(payload["rows"], OUT.with_suffix(".png"))
     return payload
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import platform
 import time
@@ -86,3 +87,26 @@ def markdown_table(headers: list[str], rows: list[list[Any]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(fmt(x) for x in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def merge_fold_row(
+    out: Path,
+    lock_dir: Path,
+    row: dict[str, Any],
+    header: dict[str, Any],
+    summarize: Callable[[list[dict[str, Any]]], dict[str, Any]],
+) -> dict[str, Any]:
+    """Add one cross-validation fold's row to the results file `out` and re-summarize, under a lock: folds
+    run as parallel processes that write the same file. Rows of another experiment (a different `budget_min`
+    in `header`) are dropped; a row for the same fold replaces the old one."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    with open(lock_dir / "merge.lock", "w") as lock:  # beside the runs, not among the committed results
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        cur = json.loads(out.read_text()) if out.is_file() else {}
+        if cur.get("budget_min") != header.get("budget_min"):
+            cur = {}
+        rows = sorted([r for r in cur.get("rows", []) if r["fold"] != row["fold"]] + [row], key=lambda r: r["fold"])
+        payload = {**header, "environment": environment(), "rows": rows, "summary": summarize(rows)}
+        out.write_text(json.dumps(payload, indent=2) + "\n")
+    return payload

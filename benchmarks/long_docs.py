@@ -132,18 +132,25 @@ def tfidf_kfold_truncation(dataset: str, head_fit: tuple[int, ...] = (), folds: 
     }
 
 
+def truncation_right(model: torch.nn.Module, texts: Sequence[str], labels: Sequence[int]) -> dict[str, list[bool]]:
+    """Per document, whether `model` is right on its first n bytes (each TRUNCATIONS length shorter than the
+    longest document; keys "256", ...) and on the whole document ("full")."""
+    raws = [t.encode("utf-8") for t in texts]
+    longest = max(len(r) for r in raws)
+    right = {str(n): correct_on(model, [r[:n] for r in raws], labels) for n in TRUNCATIONS if n < longest}
+    right["full"] = correct_on(model, raws, labels)
+    return right
+
+
 def measure_model(name: str, per_class: int) -> dict[str, Any]:
     model_dir = resolve_model_dir(name)
     conf = load_config(model_dir)
     model = load_pretrained(model_dir)
     dataset = conf["data"]["dataset"]
     texts, labels = text_docs(dataset, "test")
-    raws = [t.encode("utf-8") for t in texts]
-    longest = max(len(r) for r in raws)
-    out: dict[str, Any] = {"dataset": dataset, "n_test": len(raws), "max_length": conf["model"]["max_length"]}
+    out: dict[str, Any] = {"dataset": dataset, "n_test": len(texts), "max_length": conf["model"]["max_length"]}
     t0 = time.perf_counter()
-    right = {str(n): correct_on(model, [r[:n] for r in raws], labels) for n in TRUNCATIONS if n < longest}
-    right["full"] = correct_on(model, raws, labels)
+    right = truncation_right(model, texts, labels)
     out["truncation"] = {k: sum(v) / len(v) for k, v in right.items()}
     out[f"gap_{GAP_AT}"] = gap_interval(right)
     if dataset == "news":
