@@ -53,11 +53,11 @@ def run_fold(fold: int, budget_min: float, threads: int, seed: int, score_limit:
     from model_export.hub import load_config, load_pretrained
     from model_export.tasks import fold_split, text_docs
 
-    argv = fold_argv(fold, budget_min, threads, seed)
-    out = RUNS / f"fold-{fold}"
+    args = train.parse_args(fold_argv(fold, budget_min, threads, seed))
+    out = Path(args.out)
     done = (out / "config.json").is_file() and load_config(out)["training"].get("time_budget_min") == budget_min
     if not done:
-        train.train(train.parse_args(argv))
+        train.train(args)
     torch.set_num_threads(threads)
     conf = load_config(out)
     texts, labels = text_docs("news", fold_split(fold, N_FOLDS, "test"))
@@ -71,22 +71,21 @@ def run_fold(fold: int, budget_min: float, threads: int, seed: int, score_limit:
         "right": {k: "".join("1" if hit else "0" for hit in v) for k, v in right.items()},
         "train_time_s": conf["metrics"]["train_time_s"],
         "epochs_done": conf["metrics"].get("epochs_done"),
-        "command": train.command_line(train.parse_args(argv)),
+        "command": train.command_line(args),
     }
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Accuracy per cut pooled over every held-out document, and the pooled 1 KB gap (paired bootstrap)."""
     cuts = [k for k in rows[0]["right"] if all(k in r["right"] for r in rows)]  # a cut every fold was scored at
-    pooled = {k: np.array([c == "1" for r in rows for c in r["right"][k]]) for k in cuts}
+    per_fold = [{k: np.array([c == "1" for c in r["right"][k]]) for k in cuts} for r in rows]
+    pooled = {k: np.concatenate([f[k] for f in per_fold]) for k in cuts}
     return {
         "folds": [r["fold"] for r in rows],
         "documents": int(sum(r["n_test"] for r in rows)),
         "truncation": {k: round(float(v.mean()), 4) for k, v in pooled.items()},
         f"gap_{GAP_AT}": gap_interval(pooled),
-        f"gap_{GAP_AT}_per_fold": [
-            gap_interval({k: [c == "1" for c in r["right"][k]] for k in cuts})["points"] for r in rows
-        ],
+        f"gap_{GAP_AT}_per_fold": [gap_interval(f)["points"] for f in per_fold],
     }
 
 
