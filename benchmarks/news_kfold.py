@@ -14,7 +14,7 @@ warmup+cosine fitted to --budget minutes of one core, CPU clock, so folds runnin
 comparable; the shipped model had 65 minutes), then its last weights are scored on fold K at every cut.
 Nothing is selected on the held-out fold.
 
-Rows merge into benchmarks/results/news_kfold.json after every fold (folds may run as parallel processes);
+Rows merge into benchmarks/results/news_kfold_<budget>min.json after every fold (folds may run as parallel processes);
 each row keeps its per-document results, so the summary pools all held-out documents. A fold whose
 artifact exists at the same budget is scored again, not retrained.
 """
@@ -34,18 +34,25 @@ from benchmarks.common import RESULTS, merge_fold_row
 from benchmarks.long_docs import GAP_AT, gap_interval, truncation_right
 
 ROOT = Path(__file__).resolve().parent.parent
-RUNS = ROOT / "runs" / "news-kfold"
-OUT = RESULTS / "news_kfold.json"
+RUNS_ROOT = ROOT / "runs"
+RESULTS_DIR = RESULTS
 N_FOLDS = 5
 RECIPE = '{"head_prob": 0.5}'  # the shipped lara-text-news's --length-mix
 
 
+def paths(budget_min: float) -> tuple[Path, Path]:
+    """(runs folder, results JSON) of the experiment at one budget: budgets are separate experiments, so
+    a run at a new budget neither retrains over nor drops another budget's folds."""
+    return RUNS_ROOT / f"news-kfold-{budget_min:g}min", RESULTS_DIR / f"news_kfold_{budget_min:g}min.json"
+
+
 def fold_argv(fold: int, budget_min: float, threads: int, seed: int) -> list[str]:
     """The training command line of one fold (model_export.train arguments)."""
+    runs = paths(budget_min)[0]
     argv = ["--model", "lara-text-news", "--fold", f"{fold}/{N_FOLDS}", "--length-mix", RECIPE, "--epochs", "200"]
     argv += ["--time-budget", str(budget_min), "--clock", "cpu", "--threads", str(threads), "--seed", str(seed)]
-    argv += ["--no-test", "--eval-limit", "20", "--out", str(RUNS / f"fold-{fold}")]
-    return argv + ["--run-dir", str(RUNS / "ckpt" / f"fold-{fold}")]
+    argv += ["--no-test", "--eval-limit", "20", "--out", str(runs / f"fold-{fold}")]
+    return argv + ["--run-dir", str(runs / "ckpt" / f"fold-{fold}")]
 
 
 def run_fold(fold: int, budget_min: float, threads: int, seed: int, score_limit: int | None = None) -> dict[str, Any]:
@@ -138,8 +145,9 @@ def main(argv: list[str] | None = None) -> None:
         t0 = time.perf_counter()
         row = run_fold(fold, args.budget, args.threads, args.seed, args.score_limit)
         row["wall_time_s"] = round(time.perf_counter() - t0, 1)
-        payload = merge_fold_row(OUT, RUNS, row, header, summarize)
-        plot(payload, OUT.with_suffix(".png"))
+        runs, out = paths(args.budget)
+        payload = merge_fold_row(out, runs, row, header, summarize)
+        plot(payload, out.with_suffix(".png"))
         print(json.dumps({"fold": fold, "truncation": row["truncation"]}), flush=True)
     print(json.dumps(payload["summary"], indent=2))
 

@@ -12,10 +12,10 @@ from benchmarks import news_kfold
 
 
 def test_one_fold_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(news_kfold, "RUNS", tmp_path / "runs")
-    monkeypatch.setattr(news_kfold, "OUT", tmp_path / "news_kfold.json")
+    monkeypatch.setattr(news_kfold, "RUNS_ROOT", tmp_path / "runs")
+    monkeypatch.setattr(news_kfold, "RESULTS_DIR", tmp_path)
     news_kfold.main(["--folds", "2", "--budget", "0.01", "--score-limit", "30"])
-    result = json.loads((tmp_path / "news_kfold.json").read_text())
+    result = json.loads((tmp_path / "news_kfold_0.01min.json").read_text())
     (row,) = result["rows"]
     assert row["fold"] == 2 and row["n_test"] == 30 and row["train_time_s"] >= 0.6
     assert {"256", "1024", "full"} <= set(row["right"]) and all(len(v) == 30 for v in row["right"].values())
@@ -28,7 +28,8 @@ def test_one_fold_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert gap["points"] == pytest.approx(100 * (best - row["truncation"]["1024"]), abs=0.01)
     assert gap["ci95"][0] <= gap["points"] <= gap["ci95"][1]
     assert "--fold 2/5" in row["command"] and "head_prob" in row["command"]
-    assert (tmp_path / "news_kfold.png").stat().st_size > 1000
+    assert (tmp_path / "news_kfold_0.01min.png").stat().st_size > 1000
+    assert (tmp_path / "runs" / "news-kfold-0.01min" / "fold-2" / "config.json").is_file()
 
 
 def test_summary_pools_documents_across_folds() -> None:
