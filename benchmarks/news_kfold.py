@@ -115,8 +115,8 @@ def plot(payload: dict[str, Any], path: Path) -> None:
     ax.set_ylabel("held-out accuracy (%)")
     g = s[f"gap_{GAP_AT}"]
     ax.set_title(
-        f"lara-text-news recipe, {payload['budget_min']:g} min of one core per fold, "
-        f"{len(s['folds'])}-fold CV over {s['documents']} BBC docs\n"
+        f"lara-text-news recipe, {payload['budget_min']:g} CPU-min per fold; "
+        f"{len(s['folds'])} of {N_FOLDS} folds, {s['documents']} held-out BBC docs\n"
         f"1 KB gap {g['points']} points (95%: {g['ci95'][0]}-{g['ci95'][1]}); faint lines: folds",
         fontsize=10,
     )
