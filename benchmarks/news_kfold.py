@@ -3,6 +3,8 @@ the first n bytes and on whole documents, pooled over the held-out folds, and ho
 below the best cut (the 1 KB gap) with a paired-bootstrap 95% interval.
 
     python -m benchmarks.news_kfold [--folds 0 1 2 3 4] [--budget 30] [--threads 1] [--seed 1]
+    python -m benchmarks.news_kfold --folds 0 1 --budget 65 --length-mix '{"head_prob": 0.9}' --name head90 \\
+        --against benchmarks/results/news_kfold_65min.json     # another recipe, paired against the shipped one
 
 Why: on the fixed 431-document test split one document is 0.23 point, and a paired-bootstrap interval on
 the 1 KB gap spans about 2 points; pooled over every document the interval is several times narrower.
@@ -14,9 +16,12 @@ warmup+cosine fitted to --budget minutes of one core, CPU clock, so folds runnin
 comparable; the shipped model had 65 minutes), then its last weights are scored on fold K at every cut.
 Nothing is selected on the held-out fold.
 
-Rows merge into benchmarks/results/news_kfold_<budget>min.json after every fold (folds may run as parallel processes);
-each row keeps its per-document results, so the summary pools all held-out documents. A fold whose
-artifact exists at the same budget is scored again, not retrained.
+Rows merge into benchmarks/results/news_kfold_<budget>min[-<name>].json after every fold (folds may run
+as parallel processes); each row keeps its per-document results, so the summary pools all held-out
+documents. A fold whose
+artifact exists at the same budget is scored again, not retrained. With --against, the summary also
+compares this recipe with another results file on the folds both ran: the change in the pooled 1 KB
+gap, with an interval from resampling the shared documents together for both recipes.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import numpy as np
 import torch
 
 from benchmarks.common import RESULTS, merge_fold_row
-from benchmarks.long_docs import GAP_AT, gap_interval, truncation_right
+from benchmarks.long_docs import GAP_AT, gap_difference, gap_interval, truncation_right
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS_ROOT = ROOT / "runs"
@@ -40,27 +45,36 @@ N_FOLDS = 5
 RECIPE = '{"head_prob": 0.5}'  # the shipped lara-text-news's --length-mix
 
 
-def paths(budget_min: float) -> tuple[Path, Path]:
-    """(runs folder, results JSON) of the experiment at one budget: budgets are separate experiments, so
-    a run at a new budget neither retrains over nor drops another budget's folds."""
-    return RUNS_ROOT / f"news-kfold-{budget_min:g}min", RESULTS_DIR / f"news_kfold_{budget_min:g}min.json"
+def paths(budget_min: float, name: str = "") -> tuple[Path, Path]:
+    """(runs folder, results JSON) of one experiment: a budget and, for another recipe, its name. Each is
+    separate, so a new run neither retrains over nor drops another experiment's folds."""
+    tag = f"{budget_min:g}min" + (f"-{name}" if name else "")
+    return RUNS_ROOT / f"news-kfold-{tag}", RESULTS_DIR / f"news_kfold_{tag}.json"
 
 
-def fold_argv(fold: int, budget_min: float, threads: int, seed: int) -> list[str]:
+def fold_argv(fold: int, budget_min: float, threads: int, seed: int, recipe: str = RECIPE, name: str = "") -> list[str]:
     """The training command line of one fold (model_export.train arguments)."""
-    runs = paths(budget_min)[0]
-    argv = ["--model", "lara-text-news", "--fold", f"{fold}/{N_FOLDS}", "--length-mix", RECIPE, "--epochs", "200"]
+    runs = paths(budget_min, name)[0]
+    argv = ["--model", "lara-text-news", "--fold", f"{fold}/{N_FOLDS}", "--length-mix", recipe, "--epochs", "200"]
     argv += ["--time-budget", str(budget_min), "--clock", "cpu", "--threads", str(threads), "--seed", str(seed)]
     argv += ["--no-test", "--eval-limit", "20", "--out", str(runs / f"fold-{fold}")]
     return argv + ["--run-dir", str(runs / "ckpt" / f"fold-{fold}")]
 
 
-def run_fold(fold: int, budget_min: float, threads: int, seed: int, score_limit: int | None = None) -> dict[str, Any]:
+def run_fold(
+    fold: int,
+    budget_min: float,
+    threads: int,
+    seed: int,
+    score_limit: int | None = None,
+    recipe: str = RECIPE,
+    name: str = "",
+) -> dict[str, Any]:
     from model_export import train
     from model_export.hub import load_config, load_pretrained
     from model_export.tasks import fold_split, text_docs
 
-    args = train.parse_args(fold_argv(fold, budget_min, threads, seed))
+    args = train.parse_args(fold_argv(fold, budget_min, threads, seed, recipe, name))
     out = Path(args.out)
     done = (out / "config.json").is_file() and load_config(out)["training"].get("time_budget_min") == budget_min
     if not done:
@@ -93,6 +107,30 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "truncation": {k: round(float(v.mean()), 4) for k, v in pooled.items()},
         f"gap_{GAP_AT}": gap_interval(pooled),
         f"gap_{GAP_AT}_per_fold": [gap_interval(f)["points"] for f in per_fold],
+    }
+
+
+def compare(rows: list[dict[str, Any]], base_rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """This experiment against another's rows on the folds both have (the same documents, so paired): how
+    much smaller its pooled 1 KB gap is, with a 95% interval, and its accuracy change at 1 KB and whole."""
+    base_by_fold = {r["fold"]: r for r in base_rows}
+    mine = [r for r in rows if r["fold"] in base_by_fold]
+    if not mine:
+        return {"folds": [], "documents": 0}
+    theirs = [base_by_fold[r["fold"]] for r in mine]
+    cuts = [k for k in mine[0]["right"] if all(k in r["right"] for r in mine + theirs)]
+
+    def pooled(rs: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+        return {k: np.array([c == "1" for r in rs for c in r["right"][k]]) for k in cuts}
+
+    new, base = pooled(mine), pooled(theirs)
+    return {
+        "folds": [r["fold"] for r in mine],
+        "documents": int(sum(r["n_test"] for r in mine)),
+        f"gap_{GAP_AT}_reduction": gap_difference(base, new),
+        "accuracy_change_points": {
+            k: round(100 * float(new[k].mean() - base[k].mean()), 2) for k in (str(GAP_AT), "full")
+        },
     }
 
 
@@ -134,19 +172,40 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--score-limit", type=int, default=None, help="score only the first N held-out docs (smoke tests)")
+    p.add_argument("--length-mix", default=RECIPE, help=f"the recipe's --length-mix JSON (default: shipped, {RECIPE})")
+    p.add_argument("--name", default="", help="names another recipe's runs and results (required with --length-mix)")
+    p.add_argument("--against", type=Path, default=None, help="a results JSON to compare with, paired, on shared folds")
     args = p.parse_args(argv)
+    if args.length_mix != RECIPE and not args.name:
+        p.error("another --length-mix needs --name, so its runs and results stay apart from the shipped recipe's")
+    if args.name and not args.name.replace("-", "").replace("_", "").isalnum():
+        p.error(f"--name {args.name!r}: use letters, digits, '-' and '_' (it names a folder and a file)")
+    base_rows: list[dict[str, Any]] | None = None
+    if args.against is not None:
+        if not args.against.is_file():
+            p.error(f"--against {args.against}: no such results file (e.g. benchmarks/results/news_kfold_65min.json)")
+        base_rows = json.loads(args.against.read_text())["rows"]
     header = {
         "benchmark": "python -m benchmarks.news_kfold",
         "budget_min": args.budget,
-        "recipe": f"lara-text-news from scratch, --length-mix '{RECIPE}', {args.budget:g} min of one core "
+        "recipe": f"lara-text-news from scratch, --length-mix '{args.length_mix}', {args.budget:g} min of one core "
         f"(CPU time, {args.threads} thread) per fold, last weights",
     }
+    if args.against is not None:
+        header["against"] = str(args.against)
+
+    def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        out = summarize(rows)
+        if base_rows is not None:
+            out["against"] = compare(rows, base_rows)
+        return out
+
+    runs, out = paths(args.budget, args.name)
     for fold in args.folds:
         t0 = time.perf_counter()
-        row = run_fold(fold, args.budget, args.threads, args.seed, args.score_limit)
+        row = run_fold(fold, args.budget, args.threads, args.seed, args.score_limit, args.length_mix, args.name)
         row["wall_time_s"] = round(time.perf_counter() - t0, 1)
-        runs, out = paths(args.budget)
-        payload = merge_fold_row(out, runs, row, header, summarize)
+        payload = merge_fold_row(out, runs, row, header, summary)
         plot(payload, out.with_suffix(".png"))
         print(json.dumps({"fold": fold, "truncation": row["truncation"]}), flush=True)
     print(json.dumps(payload["summary"], indent=2))

@@ -31,6 +31,23 @@ def test_one_fold_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert (tmp_path / "news_kfold_0.01min.png").stat().st_size > 1000
     assert (tmp_path / "runs" / "news-kfold-0.01min" / "fold-2" / "config.json").is_file()
 
+    # Another recipe, named, compared with the first on the fold both ran (the same 30 documents).
+    base_file = tmp_path / "news_kfold_0.01min.json"
+    mix = '{"head_prob": 0.9}'
+    argv = ["--folds", "2", "--budget", "0.01", "--score-limit", "30", "--length-mix", mix]
+    news_kfold.main([*argv, "--name", "h90", "--against", str(base_file)])
+    other = json.loads((tmp_path / "news_kfold_0.01min-h90.json").read_text())
+    assert mix in other["rows"][0]["command"] and "news-kfold-0.01min-h90" in other["rows"][0]["command"]
+    against = other["summary"]["against"]
+    assert against["folds"] == [2] and against["documents"] == 30
+    new_gap, base_gap = other["summary"]["gap_1024"]["points"], summary["gap_1024"]["points"]
+    assert against["gap_1024_reduction"]["points"] == pytest.approx(base_gap - new_gap, abs=0.011)
+    change = 100 * (other["summary"]["truncation"]["full"] - summary["truncation"]["full"])
+    assert against["accuracy_change_points"]["full"] == pytest.approx(change, abs=0.011)
+    assert json.loads(base_file.read_text())["rows"] == result["rows"]  # the first experiment is untouched
+    with pytest.raises(SystemExit):
+        news_kfold.main(argv)  # another recipe without a name would mix with the shipped recipe's results
+
 
 def test_summary_pools_documents_across_folds() -> None:
     # two folds of 4 documents: pooled accuracy is over 8 documents, not the mean of fold means
@@ -43,3 +60,24 @@ def test_summary_pools_documents_across_folds() -> None:
     assert s["truncation"] == {"1024": 0.75, "2048": 0.875, "full": 1.0}
     assert s["gap_1024"]["points"] == 25.0
     assert s["gap_1024_per_fold"] == [50.0, 0.0]
+
+
+def test_paired_gap_difference_by_hand() -> None:
+    # base: 2 of 4 right at 1 KB, all whole -> gap 50; new: 3 of 4 at 1 KB -> gap 25; reduction 25
+    base = {"1024": [1, 1, 0, 0], "full": [1, 1, 1, 1]}
+    new = {"1024": [1, 1, 1, 0], "full": [1, 1, 1, 1]}
+    d = news_kfold.gap_difference(base, new)
+    assert d["points"] == 25.0 and d["ci95"][0] <= 25.0 <= d["ci95"][1]
+    # the documents are resampled together: new is never worse on any resample, so the interval is >= 0
+    assert d["ci95"][0] >= 0.0
+    with pytest.raises(ValueError, match="same documents"):
+        news_kfold.gap_difference(base, {"1024": [1, 1, 1], "full": [1, 1, 1]})
+    rows = [{"fold": 0, "n_test": 4, "right": {"1024": "1110", "full": "1111"}}]
+    base_rows = [
+        {"fold": 0, "n_test": 4, "right": {"1024": "1100", "full": "1111"}},
+        {"fold": 3, "n_test": 4, "right": {"1024": "0000", "full": "1111"}},  # not in rows: ignored
+    ]
+    c = news_kfold.compare(rows, base_rows)
+    assert c["folds"] == [0] and c["documents"] == 4
+    assert c["gap_1024_reduction"]["points"] == 25.0
+    assert c["accuracy_change_points"] == {"1024": 25.0, "full": 0.0}
