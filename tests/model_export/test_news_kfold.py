@@ -45,6 +45,11 @@ def test_one_fold_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     change = 100 * (other["summary"]["truncation"]["full"] - summary["truncation"]["full"])
     assert against["accuracy_change_points"]["full"] == pytest.approx(change, abs=0.011)
     assert json.loads(base_file.read_text())["rows"] == result["rows"]  # the first experiment is untouched
+    # Scoring a trained fold again does not retrain it, and keeps the wall time of the call that trained it.
+    news_kfold.main(["--folds", "2", "--budget", "0.01", "--score-limit", "30"])
+    (again,) = json.loads(base_file.read_text())["rows"]
+    assert again["wall_time_s"] == row["wall_time_s"] and again["train_time_s"] == row["train_time_s"]
+    assert again["right"] == row["right"]
     with pytest.raises(SystemExit):
         news_kfold.main(argv)  # another recipe without a name would mix with the shipped recipe's results
 
