@@ -66,6 +66,7 @@ def run_fold(
     argv += ["--clock", "cpu", "--threads", str(threads), "--seed", str(seed), "--no-test", "--eval-limit", "20"]
     argv += ["--out", str(out), "--run-dir", str(ckpt)]
     done = (out / "config.json").is_file() and load_config(out)["training"].get("time_budget_min") == budget_min
+    t0 = time.perf_counter()
     if not done:
         train.train(train.parse_args(argv))
     torch.set_num_threads(threads)
@@ -79,7 +80,7 @@ def run_fold(
         f"first_{FIRST}": accuracy_on(model, [r[:FIRST] for r in raws], labels),
     }
     anchor = tfidf_scores(text_docs("brown", fold_split(fold, N_FOLDS, "train")), (texts, labels))
-    return {
+    row = {
         "fold": fold,
         "n_test": len(raws),
         "lara": lara,
@@ -88,6 +89,9 @@ def run_fold(
         "epochs_done": conf["metrics"].get("epochs_done"),
         "command": "python -m model_export.train " + " ".join(argv),
     }
+    if not done:  # a fold scored again keeps its training call's wall time (merge_fold_row)
+        row["wall_time_s"] = round(time.perf_counter() - t0, 1)
+    return row
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -157,9 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = p.parse_args(argv)
     for fold in args.folds:
-        t0 = time.perf_counter()
         row = run_fold(fold, args.budget, args.threads, args.seed, args.score_limit, args.init_from)
-        row["wall_time_s"] = round(time.perf_counter() - t0, 1)
         payload = merge(row, args.budget, args.threads)
         print(json.dumps({"fold": fold, "lara": row["lara"], "tfidf": row["tfidf"]}), flush=True)
     print(json.dumps(payload["summary"], indent=2))

@@ -98,7 +98,8 @@ def merge_fold_row(
 ) -> dict[str, Any]:
     """Add one cross-validation fold's row to the results file `out` and re-summarize, under a lock: folds
     run as parallel processes that write the same file. Rows of another experiment (a different `budget_min`
-    in `header`) are dropped; a row for the same fold replaces the old one."""
+    in `header`) are dropped; a row for the same fold replaces the old one. A row without "wall_time_s" (a
+    fold scored again rather than retrained) keeps the replaced row's: the time of the call that trained it."""
     out.parent.mkdir(parents=True, exist_ok=True)
     lock_dir.mkdir(parents=True, exist_ok=True)
     with open(lock_dir / "merge.lock", "w") as lock:  # beside the runs, not among the committed results
@@ -106,6 +107,9 @@ def merge_fold_row(
         cur = json.loads(out.read_text()) if out.is_file() else {}
         if cur.get("budget_min") != header.get("budget_min"):
             cur = {}
+        old = [r for r in cur.get("rows", []) if r["fold"] == row["fold"]]
+        if "wall_time_s" not in row and old and "wall_time_s" in old[0]:
+            row = {**row, "wall_time_s": old[0]["wall_time_s"]}
         rows = sorted([r for r in cur.get("rows", []) if r["fold"] != row["fold"]] + [row], key=lambda r: r["fold"])
         payload = {**header, "environment": environment(), "rows": rows, "summary": summarize(rows)}
         out.write_text(json.dumps(payload, indent=2) + "\n")

@@ -95,21 +95,26 @@ def run_fold(
         "epochs_done": conf["metrics"].get("epochs_done"),
         "command": train.command_line(args),
     }
-    if not done:
-        row["wall_time_s"] = round(time.perf_counter() - t0, 1)  # training and scoring
-    else:  # scored again: keep the wall time of the call that trained it
-        old = paths(budget_min, name)[1]
-        prev = [r for r in json.loads(old.read_text())["rows"] if r["fold"] == fold] if old.is_file() else []
-        if prev and "wall_time_s" in prev[0]:
-            row["wall_time_s"] = prev[0]["wall_time_s"]
+    if not done:  # a fold scored again keeps its training call's wall time (merge_fold_row)
+        row["wall_time_s"] = round(time.perf_counter() - t0, 1)
     return row
+
+
+def shared_cuts(rows: list[dict[str, Any]]) -> list[str]:
+    """The cuts every row was scored at."""
+    return [k for k in rows[0]["right"] if all(k in r["right"] for r in rows)]
+
+
+def pooled_right(rows: list[dict[str, Any]], cuts: list[str]) -> dict[str, np.ndarray]:
+    """Per cut, whether each held-out document of `rows` was right, folds concatenated in row order."""
+    return {k: np.array([c == "1" for r in rows for c in r["right"][k]]) for k in cuts}
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Accuracy per cut pooled over every held-out document, and the pooled 1 KB gap (paired bootstrap)."""
-    cuts = [k for k in rows[0]["right"] if all(k in r["right"] for r in rows)]  # a cut every fold was scored at
-    per_fold = [{k: np.array([c == "1" for c in r["right"][k]]) for k in cuts} for r in rows]
-    pooled = {k: np.concatenate([f[k] for f in per_fold]) for k in cuts}
+    cuts = shared_cuts(rows)
+    per_fold = [pooled_right([r], cuts) for r in rows]
+    pooled = pooled_right(rows, cuts)
     return {
         "folds": [r["fold"] for r in rows],
         "documents": int(sum(r["n_test"] for r in rows)),
@@ -127,12 +132,8 @@ def compare(rows: list[dict[str, Any]], base_rows: list[dict[str, Any]]) -> dict
     if not mine:
         return {"folds": [], "documents": 0}
     theirs = [base_by_fold[r["fold"]] for r in mine]
-    cuts = [k for k in mine[0]["right"] if all(k in r["right"] for r in mine + theirs)]
-
-    def pooled(rs: list[dict[str, Any]]) -> dict[str, np.ndarray]:
-        return {k: np.array([c == "1" for r in rs for c in r["right"][k]]) for k in cuts}
-
-    new, base = pooled(mine), pooled(theirs)
+    cuts = shared_cuts(mine + theirs)
+    new, base = pooled_right(mine, cuts), pooled_right(theirs, cuts)
     return {
         "folds": [r["fold"] for r in mine],
         "documents": int(sum(r["n_test"] for r in mine)),

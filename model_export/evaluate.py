@@ -86,6 +86,11 @@ def plot_confusion(confusion: list[list[int]], labels: list[str], title: str, ou
     plt.close(fig)
 
 
+def dataset_of(conf: dict[str, Any]) -> str:
+    """The dataset a model directory's config was trained on (older configs name none: by task)."""
+    return conf.get("data", {}).get("dataset") or ("fashion" if conf["task"] == "image" else "news")
+
+
 def resolve_model_dir(name_or_path: str) -> Path:
     p = Path(name_or_path)
     if (p / "config.json").is_file():
@@ -112,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     model_dir = resolve_model_dir(args.model)
     conf = load_config(model_dir)
     cfg = config_from_dict(conf["model"], conf["attention"])
-    dataset = conf.get("data", {}).get("dataset") or ("fashion" if conf["task"] == "image" else "news")
+    dataset = dataset_of(conf)
     model = load_pretrained(model_dir)
     task = load_task(dataset, args.split, cfg, limit=args.limit)
     res = evaluate_task(model, task, EVAL_BATCH.get(dataset))

@@ -104,13 +104,13 @@ def make_soup(
 def evaluate_soup(model_dir: str | Path, splits: Sequence[str]) -> dict[str, Any]:
     """Accuracy of the model in `model_dir` on each split ("val" = holdout, "test"), stored in its config."""
     from model_export.config import config_from_dict
-    from model_export.evaluate import EVAL_BATCH, evaluate_task
+    from model_export.evaluate import EVAL_BATCH, dataset_of, evaluate_task
     from model_export.tasks import load_task
 
     model_dir = Path(model_dir)
     conf = load_config(model_dir)
     cfg = config_from_dict(conf["model"], conf["attention"])
-    dataset = conf.get("data", {}).get("dataset") or ("fashion" if conf["task"] == "image" else "news")
+    dataset = dataset_of(conf)
     model = load_pretrained(model_dir)
     metrics = dict(conf.get("metrics", {}))
     for split in splits:
