@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from benchmarks.common import RESULTS, environment, markdown_table, write_json
+from model_export.distill import tfidf_classifier
 from model_export.evaluate import resolve_model_dir
 from model_export.hub import load_config, load_pretrained
 from model_export.long_docs import accuracy_on, correct_on, make_composites
@@ -41,15 +42,6 @@ HEAD_FIT = (512, 1024)  # the head-weighted anchor also fits these first-n-byte 
 def first_bytes(texts: list[str], first: int | None) -> list[str]:
     """Each text cut to its first `first` UTF-8 bytes (None: whole)."""
     return texts if first is None else [t.encode()[:first].decode("utf-8", "ignore") for t in texts]
-
-
-def tfidf_classifier() -> Any:
-    """The anchor: TF-IDF word 1-2-grams (sublinear, min_df 2) + logistic regression (C=10)."""
-    from sklearn.feature_extraction.text import TfidfVectorizer
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.pipeline import make_pipeline
-
-    return make_pipeline(TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=2), LogisticRegression(C=10.0))
 
 
 def tfidf_anchor(dataset: str, first: int | None) -> float:

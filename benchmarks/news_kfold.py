@@ -52,10 +52,20 @@ def paths(budget_min: float, name: str = "") -> tuple[Path, Path]:
     return RUNS_ROOT / f"news-kfold-{tag}", RESULTS_DIR / f"news_kfold_{tag}.json"
 
 
-def fold_argv(fold: int, budget_min: float, threads: int, seed: int, recipe: str = RECIPE, name: str = "") -> list[str]:
+def fold_argv(
+    fold: int,
+    budget_min: float,
+    threads: int,
+    seed: int,
+    recipe: str = RECIPE,
+    name: str = "",
+    distill: float | None = None,
+) -> list[str]:
     """The training command line of one fold (model_export.train arguments)."""
     runs = paths(budget_min, name)[0]
     argv = ["--model", "lara-text-news", "--fold", f"{fold}/{N_FOLDS}", "--length-mix", recipe, "--epochs", "200"]
+    if distill is not None:
+        argv += ["--distill", str(distill)]
     argv += ["--time-budget", str(budget_min), "--clock", "cpu", "--threads", str(threads), "--seed", str(seed)]
     argv += ["--no-test", "--eval-limit", "20", "--out", str(runs / f"fold-{fold}")]
     return argv + ["--run-dir", str(runs / "ckpt" / f"fold-{fold}")]
@@ -69,12 +79,13 @@ def run_fold(
     score_limit: int | None = None,
     recipe: str = RECIPE,
     name: str = "",
+    distill: float | None = None,
 ) -> dict[str, Any]:
     from model_export import train
     from model_export.hub import load_config, load_pretrained
     from model_export.tasks import fold_split, text_docs
 
-    args = train.parse_args(fold_argv(fold, budget_min, threads, seed, recipe, name))
+    args = train.parse_args(fold_argv(fold, budget_min, threads, seed, recipe, name, distill))
     out = Path(args.out)
     done = (out / "config.json").is_file() and load_config(out)["training"].get("time_budget_min") == budget_min
     t0 = time.perf_counter()
@@ -183,11 +194,22 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--score-limit", type=int, default=None, help="score only the first N held-out docs (smoke tests)")
     p.add_argument("--length-mix", default=RECIPE, help=f"the recipe's --length-mix JSON (default: shipped, {RECIPE})")
-    p.add_argument("--name", default="", help="names another recipe's runs and results (required with --length-mix)")
+    p.add_argument(
+        "--distill",
+        type=float,
+        default=None,
+        metavar="WEIGHT",
+        help="train toward a TF-IDF teacher's window probabilities with this weight (model_export.train --distill)",
+    )
+    p.add_argument(
+        "--name", default="", help="names another recipe's runs and results (required with --length-mix or --distill)"
+    )
     p.add_argument("--against", type=Path, default=None, help="a results JSON to compare with, paired, on shared folds")
     args = p.parse_args(argv)
-    if args.length_mix != RECIPE and not args.name:
-        p.error("another --length-mix needs --name, so its runs and results stay apart from the shipped recipe's")
+    if (args.length_mix != RECIPE or args.distill is not None) and not args.name:
+        p.error(
+            "another recipe (--length-mix, --distill) needs --name, so its runs and results stay apart from the shipped recipe's"
+        )
     if args.name and not args.name.replace("-", "").replace("_", "").isalnum():
         p.error(f"--name {args.name!r}: use letters, digits, '-' and '_' (it names a folder and a file)")
     base_rows: list[dict[str, Any]] | None = None
@@ -198,8 +220,9 @@ def main(argv: list[str] | None = None) -> None:
     header = {
         "benchmark": "python -m benchmarks.news_kfold",
         "budget_min": args.budget,
-        "recipe": f"lara-text-news from scratch, --length-mix '{args.length_mix}', {args.budget:g} min of one core "
-        f"(CPU time, {args.threads} thread) per fold, last weights",
+        "recipe": f"lara-text-news from scratch, --length-mix '{args.length_mix}'"
+        + ("" if args.distill is None else f", --distill {args.distill:g}")
+        + f", {args.budget:g} min of one core (CPU time, {args.threads} thread) per fold, last weights",
     }
     if args.against is not None:
         header["against"] = str(args.against)
@@ -212,7 +235,9 @@ def main(argv: list[str] | None = None) -> None:
 
     runs, out = paths(args.budget, args.name)
     for fold in args.folds:
-        row = run_fold(fold, args.budget, args.threads, args.seed, args.score_limit, args.length_mix, args.name)
+        row = run_fold(
+            fold, args.budget, args.threads, args.seed, args.score_limit, args.length_mix, args.name, args.distill
+        )
         payload = merge_fold_row(out, runs, row, header, summary)
         plot(payload, out.with_suffix(".png"))
         print(json.dumps({"fold": fold, "truncation": row["truncation"]}), flush=True)

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -60,7 +61,9 @@ class LengthMixTask:
 
     min_length..max_length: log-uniform window length; composite_prob: chance that an example is a window
     of a same-label composite of length composite_min..composite_max; head_prob: chance
-    that a plain window starts at the document's head; tokens_per_batch: the batch budget.
+    that a plain window starts at the document's head; tokens_per_batch: the batch budget; teacher:
+    optional soft targets (window bytes, document indices) -> class probabilities (model_export.distill),
+    yielded as a third batch element.
     """
 
     docs: list[bytes]
@@ -73,11 +76,13 @@ class LengthMixTask:
     composite_min: int = 4096
     composite_max: int = 16384
     tokens_per_batch: int = 24576
+    teacher: Callable[[Sequence[bytes], Sequence[int]], Tensor] | None = None
 
     def __len__(self) -> int:
         return len(self.labels)
 
-    def _example(self, rng: random.Random, by_label: dict[int, list[int]]) -> tuple[bytes, int]:
+    def _example(self, rng: random.Random, by_label: dict[int, list[int]]) -> tuple[bytes, int, int]:
+        """(window bytes, label, index of the window's (first) document)."""
         i = rng.randrange(len(self.docs))
         y = int(self.labels[i])
         if rng.random() < self.composite_prob:
@@ -97,16 +102,16 @@ class LengthMixTask:
             head = self.head_prob > 0.0 and rng.random() < self.head_prob
             start = 0 if head else rng.randrange(len(raw) - length + 1)
             raw = raw[start : start + length]
-        return raw, y
+        return raw, y, i
 
-    def _plan(self, seed: int) -> list[list[tuple[bytes, int]]]:
+    def _plan(self, seed: int) -> list[list[tuple[bytes, int, int]]]:
         """One epoch (len(self) examples) packed into token-budget batches, in a seeded random order."""
         rng = random.Random(seed)
         by_label: dict[int, list[int]] = {}
         for j, y in enumerate(self.labels.tolist()):
             by_label.setdefault(y, []).append(j)
         examples = sorted((self._example(rng, by_label) for _ in range(len(self))), key=lambda e: len(e[0]))
-        batches: list[list[tuple[bytes, int]]] = [[]]
+        batches: list[list[tuple[bytes, int, int]]] = [[]]
         for ex in examples:  # ascending length: the newest member is the longest, so cost = len x count
             if batches[-1] and len(ex[0]) * (len(batches[-1]) + 1) > self.tokens_per_batch:
                 batches.append([])
@@ -114,11 +119,17 @@ class LengthMixTask:
         rng.shuffle(batches)
         return batches
 
-    def train_batches(self, batch_size: int, g: torch.Generator) -> Iterator[tuple[dict[str, Tensor], Tensor]]:
+    def train_batches(self, batch_size: int, g: torch.Generator) -> Iterator[tuple[Any, ...]]:
+        """(inputs, labels) per batch, or (inputs, labels, teacher probabilities) with a teacher."""
         del batch_size  # the token budget decides the batch size
         for batch in self._plan(int(torch.randint(0, 2**31 - 1, (1,), generator=g))):
-            ids, mask = data.pad_batch([to_ids(raw) for raw, _ in batch])
-            yield {"input_ids": ids, "attention_mask": mask}, torch.tensor([y for _, y in batch])
+            raws = [raw for raw, _, _ in batch]
+            ids, mask = data.pad_batch([to_ids(raw) for raw in raws])
+            inputs, labels = {"input_ids": ids, "attention_mask": mask}, torch.tensor([y for _, y, _ in batch])
+            if self.teacher is None:
+                yield inputs, labels
+            else:
+                yield inputs, labels, self.teacher(raws, [i for _, _, i in batch])
 
     def steps_per_epoch(self, batch_size: int) -> int:
         del batch_size

@@ -18,9 +18,11 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm import tqdm
 
+from model_export.distill import HEAD_FIT, fit_teacher, soft_cross_entropy
 from model_export.evaluate import evaluate_task
 from model_export.hub import make_config_dict, save_pretrained
 from model_export.layers import Attention, layer_seed
+from model_export.long_docs import LengthMixTask
 from model_export.registry import DATASETS, LABELS, build_model, get_config
 from model_export.tasks import load_task
 
@@ -52,6 +54,9 @@ LENGTH_EVAL: dict[str, dict[str, Any]] = {
     "news": {"truncations": [512, 1024, 2048], "composite_lengths": [16384], "per_class": 2},
     "brown": {"truncations": [2048], "composite_lengths": [], "per_class": 0},
 }
+
+
+TEACHER_PARTS = 5  # --distill: cross-fitting parts (each teacher fits 4/5 of the training documents)
 
 
 def warmup_cosine(frac: float, warmup: float) -> float:
@@ -97,6 +102,26 @@ def _length_eval(model: nn.Module, dataset: str, args: argparse.Namespace) -> di
         texts, labels = texts[: args.eval_limit], labels[: args.eval_limit]
     rep = length_report(model, texts, labels, **LENGTH_EVAL[dataset])
     return {f"val_{k}": round(v, 4) for k, v in rep.items()}
+
+
+def _distill_settings(args: argparse.Namespace, task: Any, num_classes: int) -> dict[str, Any] | None:
+    """With --distill, fit the cross-fitted teacher on the training documents and attach it to the task;
+    returns what config.json records about it."""
+    if args.distill is None:
+        return None
+    if not 0.0 < args.distill <= 1.0:
+        raise SystemExit(f"--distill must be a weight in (0, 1], got {args.distill}")
+    if not isinstance(task, LengthMixTask):
+        raise SystemExit("--distill needs a text model trained with --length-mix (the teacher scores raw text windows)")
+    t0 = time.perf_counter()
+    task.teacher = fit_teacher(task.docs, task.labels.tolist(), num_classes, TEACHER_PARTS, seed=args.seed)
+    print(f"distill: {TEACHER_PARTS} cross-fitted teachers fit in {time.perf_counter() - t0:.0f} s", flush=True)
+    return {
+        "weight": args.distill,
+        "teacher": "TF-IDF word 1-2-grams + logistic regression (C=10) on whole texts + first "
+        + " and ".join(f"{n} B" for n in HEAD_FIT)
+        + f", cross-fitted over {TEACHER_PARTS} stratified parts of the training documents",
+    }
 
 
 def _splits(args: argparse.Namespace) -> tuple[str, str, str]:
@@ -165,6 +190,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="model directory whose weights start this run (transfer); tensors whose name or shape differ "
         "(e.g. the classifier head) keep their fresh initialization",
     )
+    p.add_argument(
+        "--distill",
+        type=float,
+        default=None,
+        metavar="WEIGHT",
+        help="text with --length-mix: loss = (1 - WEIGHT) x label loss + WEIGHT x cross-entropy to a cross-fitted "
+        "TF-IDF + logistic-regression teacher's probabilities for each training window (model_export.distill)",
+    )
     p.add_argument("--no-test", action="store_true", help="skip the final test-set evaluation")
     p.add_argument("--override", default="{}", help='JSON model config overrides, e.g. {"depth": 2}')
     return p.parse_args(argv)
@@ -194,6 +227,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     train_task = load_task(dataset, train_split, cfg, train_length=args.train_length, limit=args.limit, length_mix=mix)
     if args.no_augment and hasattr(train_task, "augment"):
         train_task.augment = False
+    distill = _distill_settings(args, train_task, len(LABELS[args.model]))
     val_task = load_task(dataset, val_split, cfg, limit=args.eval_limit)
     steps_epoch = train_task.steps_per_epoch(hp["batch_size"])
     total = steps_epoch * hp["epochs"] if args.max_steps is None else min(args.max_steps, steps_epoch * hp["epochs"])
@@ -235,12 +269,14 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             desc=f"epoch {epoch + 1}",
             mininterval=10.0,
         )
-        for inputs, labels in bar:
+        for inputs, labels, *teacher in bar:
             frac = progress(state["step"], state["train_time_s"] + clock() - t0)
             for group in opt.param_groups:
                 group["lr"] = hp["lr"] * warmup_cosine(frac, 0.05)
             logits = model(**inputs)
             loss = loss_fn(logits, labels)
+            if teacher:
+                loss = (1.0 - args.distill) * loss + args.distill * soft_cross_entropy(logits, teacher[0])
             opt.zero_grad(set_to_none=True)
             loss.backward()
             nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -291,6 +327,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             **hp,
             "train_length": args.train_length if dataset != "fashion" and not args.length_mix else None,
             "length_mix": mix,
+            "distill": distill,
             "train_split": train_split,
             "limit": args.limit,
             "time_budget_min": args.time_budget,

@@ -86,3 +86,12 @@ def test_paired_gap_difference_by_hand() -> None:
     assert c["folds"] == [0] and c["documents"] == 4
     assert c["gap_1024_reduction"]["points"] == 25.0
     assert c["accuracy_change_points"] == {"1024": 25.0, "full": 0.0}
+
+
+def test_distill_recipe_is_named_and_reaches_training(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = news_kfold.fold_argv(0, 65, 1, 1, name="distill50", distill=0.5)
+    assert argv[argv.index("--distill") + 1] == "0.5" and "news-kfold-65min-distill50" in " ".join(argv)
+    assert "--distill" not in news_kfold.fold_argv(0, 65, 1, 1)
+    with pytest.raises(SystemExit):  # a distilled recipe without a name would mix with the shipped recipe's results
+        news_kfold.main(["--folds", "0", "--distill", "0.5"])
+    assert "needs --name" in capsys.readouterr().err
