@@ -174,7 +174,8 @@ def plot(payload: dict[str, Any], path: Path) -> None:
     ax.set_ylabel("held-out accuracy (%)")
     g = s[f"gap_{GAP_AT}"]
     ax.set_title(
-        f"lara-text-news recipe, {payload['budget_min']:g} CPU-min per fold; "
+        f"lara-text-news recipe{' ' + payload['name'] if payload.get('name') else ''}, "
+        f"{payload['budget_min']:g} CPU-min per fold; "
         f"{len(s['folds'])} of {N_FOLDS} folds, {s['documents']} held-out BBC docs\n"
         f"1 KB gap {g['points']} points (95%: {g['ci95'][0]}-{g['ci95'][1]}); faint lines: folds",
         fontsize=10,
@@ -224,6 +225,8 @@ def main(argv: list[str] | None = None) -> None:
         + ("" if args.distill is None else f", --distill {args.distill:g}")
         + f", {args.budget:g} min of one core (CPU time, {args.threads} thread) per fold, last weights",
     }
+    if args.name:
+        header["name"] = args.name  # another recipe: its plot's title says which
     if args.against is not None:
         header["against"] = str(args.against)
 

@@ -38,6 +38,7 @@ def test_one_fold_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     news_kfold.main([*argv, "--name", "h90", "--against", str(base_file)])
     other = json.loads((tmp_path / "news_kfold_0.01min-h90.json").read_text())
     assert mix in other["rows"][0]["command"] and "news-kfold-0.01min-h90" in other["rows"][0]["command"]
+    assert other["name"] == "h90" and "name" not in result  # the plot title names the other recipe
     against = other["summary"]["against"]
     assert against["folds"] == [2] and against["documents"] == 30
     new_gap, base_gap = other["summary"]["gap_1024"]["points"], summary["gap_1024"]["points"]
