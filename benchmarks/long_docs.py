@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from benchmarks.common import RESULTS, environment, markdown_table, write_json
-from model_export.distill import tfidf_classifier
+from model_export.distill import first_bytes, heads_too, tfidf_classifier
 from model_export.evaluate import resolve_model_dir
 from model_export.hub import load_config, load_pretrained
 from model_export.long_docs import accuracy_on, correct_on, make_composites
@@ -37,11 +37,6 @@ TRUNCATIONS = [256, 512, 1024, 2048, 4096, 8192, 16384, 65536]
 COMPOSITES = [8192, 16384, 32768, 65536]
 GAP_AT = 1024  # issue 9: no cut from 1 KB up more than 0.5 point below the best
 HEAD_FIT = (512, 1024)  # the head-weighted anchor also fits these first-n-byte cuts of each training text
-
-
-def first_bytes(texts: list[str], first: int | None) -> list[str]:
-    """Each text cut to its first `first` UTF-8 bytes (None: whole)."""
-    return texts if first is None else [t.encode()[:first].decode("utf-8", "ignore") for t in texts]
 
 
 def tfidf_anchor(dataset: str, first: int | None) -> float:
@@ -140,9 +135,7 @@ def tfidf_kfold_truncation(dataset: str, head_fit: tuple[int, ...] = (), folds: 
     cuts = [str(n) for n in TRUNCATIONS if n < longest] + ["full"]
     right = {k: np.zeros(len(texts), dtype=bool) for k in cuts}
     for fit_idx, held_idx in StratifiedKFold(folds, shuffle=True, random_state=0).split(texts, labels):
-        fit = [texts[i] for i in fit_idx]
-        fit_texts = fit + [t for n in head_fit for t in first_bytes(fit, n)]
-        clf = tfidf_classifier().fit(fit_texts, np.tile(labels[fit_idx], 1 + len(head_fit)))
+        clf = tfidf_classifier().fit(*heads_too([texts[i] for i in fit_idx], labels[fit_idx].tolist(), head_fit))
         held = [texts[i] for i in held_idx]
         for k in cuts:
             right[k][held_idx] = clf.predict(first_bytes(held, None if k == "full" else int(k))) == labels[held_idx]

@@ -37,11 +37,16 @@ def tfidf_classifier() -> Any:
     return make_pipeline(TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=2), LogisticRegression(C=10.0))
 
 
+def first_bytes(texts: Sequence[str], first: int | None) -> list[str]:
+    """Each text cut to its first `first` UTF-8 bytes (None: whole)."""
+    return list(texts) if first is None else [t.encode("utf-8")[:first].decode("utf-8", "ignore") for t in texts]
+
+
 def heads_too(texts: Sequence[str], labels: Sequence[int], head_fit: Sequence[int]) -> tuple[list[str], list[int]]:
     """texts + their first n UTF-8 bytes for each n in head_fit, with labels repeated to match."""
     out, ys = list(texts), list(labels)
     for n in head_fit:
-        out += [t.encode("utf-8")[:n].decode("utf-8", "ignore") for t in texts]
+        out += first_bytes(texts, n)
         ys += list(labels)
     return out, ys
 
