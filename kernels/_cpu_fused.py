@@ -1,10 +1,7 @@
 """The fused CPU LARA kernel (`kernels/csrc/`): built on first use, loaded with ctypes, with a fallback.
 
 The C++ source is one translation unit with a plain C ABI (see `kernels/csrc/lara_cpu.cpp` for why),
-compiled by the system C++ compiler (`$CXX`, else g++, else c++) in a few seconds into a cache folder:
-`$LARA_KERNEL_CACHE`, else `~/.cache/lara-serve/kernels`. The file name holds a hash of the sources,
-flags and compiler version, so an edited source or another compiler builds a new library; a finished
-build is renamed into place, so concurrent processes never load a half-written file.
+compiled by the system C++ compiler in a few seconds and cached (`kernels/native_build.py`).
 
 If there is no compiler, the build fails, or `LARA_CPU_KERNEL=off`, `load()` returns None after ONE
 warning and the dispatcher (`kernels/dispatch.py`) runs the PyTorch path (`kernels/_cpu.py`) instead:
@@ -19,12 +16,7 @@ valid tokens: its output bits are the same alone, in any batch, with any padding
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import platform
-import shutil
-import subprocess
-import tempfile
 import threading
 import warnings
 from pathlib import Path
@@ -32,50 +24,13 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-CSRC = Path(__file__).with_name("csrc")
-SOURCES = ("lara_cpu.cpp", "lara_impl.h")
+from kernels import native_build
+
 ABI_VERSION = 2
-# Portable on purpose (no -march=native): baseline ISA plus an AVX2/FMA variant chosen at run time
-# inside the source. -fno-math-errno lets exp/sqrt inline; no -ffast-math: the kernel relies on inf.
-CXXFLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno")
-BUILD_TIMEOUT_S = 300
 DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
 
 _lock = threading.Lock()
 _state: dict[str, object] = {}  # "lib": ctypes.CDLL, or "error": str, once decided
-
-
-def cache_dir() -> Path:
-    env = os.environ.get("LARA_KERNEL_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "lara-serve" / "kernels"
-
-
-def _compiler() -> str | None:
-    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-
-
-def _library_path(cxx: str) -> Path:
-    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60, check=True)
-    h = hashlib.sha256()
-    for name in SOURCES:
-        h.update((CSRC / name).read_bytes())
-    h.update(" ".join((*CXXFLAGS, version.stdout.splitlines()[0], platform.machine())).encode())
-    return cache_dir() / f"lara_cpu-{h.hexdigest()[:16]}.so"
-
-
-def _build(cxx: str, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.stem + ".", suffix=".tmp.so", dir=path.parent)
-    os.close(fd)
-    try:
-        cmd = [cxx, *CXXFLAGS, str(CSRC / "lara_cpu.cpp"), "-o", tmp]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
-        if done.returncode != 0:
-            raise RuntimeError(f"`{' '.join(cmd)}` failed: {done.stderr.strip()[-2000:]}")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def _open(path: Path) -> ctypes.CDLL:
@@ -96,13 +51,10 @@ def _open(path: Path) -> ctypes.CDLL:
 def _load_or_reason() -> ctypes.CDLL | str:
     if os.environ.get("LARA_CPU_KERNEL", "").lower() in ("0", "off", "false", "no"):
         return "disabled by LARA_CPU_KERNEL"
-    cxx = _compiler()
-    if cxx is None:
-        return "no C++ compiler found (set CXX, or install g++)"
     try:
-        path = _library_path(cxx)
-        if not path.exists():
-            _build(cxx, path)
+        path = native_build.cached_library(
+            "lara_cpu", [native_build.CSRC / "lara_cpu.cpp"], [native_build.CSRC / "lara_impl.h"], native_build.CXXFLAGS
+        )
         return _open(path)
     except Exception as exc:  # any failure means "use the fallback", never a crash
         return f"fused CPU kernel unavailable: {exc}"
@@ -192,4 +144,4 @@ def lara_forward_fused(
 if __name__ == "__main__":
     lib = load()
     print(f"fused CPU kernel: {'ready, variant ' + variant() if lib is not None else unavailable_reason()}")
-    print(f"cache: {cache_dir()}")
+    print(f"cache: {native_build.cache_dir()}")

@@ -45,6 +45,7 @@ def describe(model: ServedModel) -> dict[str, Any]:
         "labels": list(config.labels),
         "backend": model.backend.name,
         "device": model.backend.device,
+        **({"attention_kernel": k} if (k := getattr(model.backend, "attention_kernel", None)) else {}),
         "media_types": media_types(model),
         "inputs": {
             RAW_INPUT: "v2 BYTES: one element per item, the encoded file (image) or UTF-8 text; in JSON an image "

@@ -230,7 +230,7 @@ def _load_one(name: str, model_dir: Path, settings: Settings, metrics: Metrics |
         from server.backends.allocator import keep_freed_memory
 
         keep_freed_memory()
-    backend = create_backend(kind, model_dir, config, settings.device, settings.num_threads)
+    backend = create_backend(kind, model_dir, config, settings.device, settings.num_threads, settings.ort_attention)
     observer = metrics.observer(name) if metrics is not None else None
     model = ServedModel(config, backend, policy_from(settings), observer)
     try:
@@ -240,7 +240,9 @@ def _load_one(name: str, model_dir: Path, settings: Settings, metrics: Metrics |
     except Exception:
         backend.close()
         raise
-    log.info("loaded %s v%s (%s, %s on %s)", name, config.version, config.task, backend.name, backend.device)
+    kernel = getattr(backend, "attention_kernel", None)
+    how = f", LaraAttention: {kernel}" if kernel else ""
+    log.info("loaded %s v%s (%s, %s on %s%s)", name, config.version, config.task, backend.name, backend.device, how)
     return model
 
 

@@ -45,6 +45,13 @@ class Settings(BaseSettings):
     num_threads: int = Field(
         0, ge=0, le=256, description="Intra-op threads of the backend; 0 keeps the library default."
     )
+    ort_attention: Literal["auto", "fused", "body"] = Field(
+        "auto",
+        description="onnxruntime on CPU: how LaraAttention nodes run. fused: the compiled C++ kernel as an "
+        "onnxruntime custom op (0.84-0.94x the body's latency, benchmarks/ort_kernel.py; needs g++ and "
+        "onnxruntime's C API headers, which `make serve` installs), start-up fails without it; body: the "
+        "node's ONNX function body; auto: fused when it can be built here, else body with a warning.",
+    )
     keep_freed_memory: bool = Field(
         True,
         description="torch backend: glibc keeps freed memory for reuse (no mmap/munmap per large tensor); "

@@ -83,12 +83,14 @@ int lara_cpu_variant(int force_generic) { return (!force_generic && cpu_has_avx2
 // ABI version: kernels/_cpu_fused.py refuses a cached library whose version differs.
 int lara_cpu_abi_version() { return 2; }
 
-// LARA forward. Returns 0 on success, a negative code for bad sizes (the Python side validates first).
+// LARA forward with a caller's parallel-for (see lara::*::ParallelFor; null means OpenMP with
+// num_threads threads). Returns 0 on success, a negative code for bad sizes (callers validate first).
 // strides: 9 element strides, (B, H, N) of q, then of k, then of v.
-int lara_cpu_forward(int64_t B, int64_t H, int64_t N, int64_t D, int64_t C, const float* q, const float* k,
-                     const float* v, const int64_t* strides, const float* ql, const float* kl, const float* noise,
-                     int64_t noise_bstride, const uint8_t* mask, float alpha_coeff, float* out, int num_threads,
-                     int force_generic) {
+int lara_cpu_forward_with(int64_t B, int64_t H, int64_t N, int64_t D, int64_t C, const float* q, const float* k,
+                          const float* v, const int64_t* strides, const float* ql, const float* kl,
+                          const float* noise, int64_t noise_bstride, const uint8_t* mask, float alpha_coeff,
+                          float* out, int num_threads, int force_generic,
+                          void (*par)(void*, void (*)(void*, size_t), size_t, void*), void* runner) {
   if (B < 0 || H < 0 || N < 0 || D < 1 || C < 1) return -1;
   if (num_threads < 1) num_threads = 1;
   lara::Args a{B, H, N, D, C, q, k, v, {}, {}, {}, ql, kl, noise, noise_bstride, mask, alpha_coeff, out};
@@ -98,10 +100,19 @@ int lara_cpu_forward(int64_t B, int64_t H, int64_t N, int64_t D, int64_t C, cons
     a.vs[i] = strides[6 + i];
   }
 #if LARA_HAVE_X86
-  if (lara_cpu_variant(force_generic)) return lara::avx2::forward(a, num_threads);
+  if (lara_cpu_variant(force_generic)) return lara::avx2::forward(a, num_threads, par, runner);
 #endif
   (void)force_generic;
-  return lara::generic::forward(a, num_threads);
+  return lara::generic::forward(a, num_threads, par, runner);
+}
+
+// LARA forward under OpenMP (the torch op's entry point, kernels/_cpu_fused.py).
+int lara_cpu_forward(int64_t B, int64_t H, int64_t N, int64_t D, int64_t C, const float* q, const float* k,
+                     const float* v, const int64_t* strides, const float* ql, const float* kl, const float* noise,
+                     int64_t noise_bstride, const uint8_t* mask, float alpha_coeff, float* out, int num_threads,
+                     int force_generic) {
+  return lara_cpu_forward_with(B, H, N, D, C, q, k, v, strides, ql, kl, noise, noise_bstride, mask, alpha_coeff,
+                               out, num_threads, force_generic, nullptr, nullptr);
 }
 
 }  // extern "C"

@@ -415,7 +415,27 @@ inline void zero_padded(const Plan& pl, int64_t b, int64_t h) {
     if (a.mask[b * a.N + n]) std::fill(ox + n * a.D, ox + (n + 1) * a.D, 0.f);
 }
 
-inline int forward(const Args& a, int num_threads) {
+// Runs fn(data, i) for i in [0, total), in any order and on any threads (a runner from the caller, e.g.
+// onnxruntime's intra-op pool); every task writes its own slots, so the order changes no result.
+using ParallelFor = void (*)(void* runner, void (*fn)(void*, size_t), size_t total, void* data);
+
+// Per-thread scratch for the runner path (OpenMP's path gives each thread its own vector instead).
+inline float* thread_scratch(int64_t floats) {
+  thread_local std::vector<float> scratch;
+  if (static_cast<int64_t>(scratch.size()) < floats) scratch.resize(floats);
+  return scratch.data();
+}
+
+template <class F>
+void run_tasks(ParallelFor par, void* runner, int64_t total, F& f) {
+  if (total <= 0) return;
+  par(runner, [](void* d, size_t i) { (*static_cast<F*>(d))(static_cast<int64_t>(i)); }, static_cast<size_t>(total), &f);
+}
+
+// The four phases of the header comment. With `par` null they run under OpenMP with num_threads
+// threads; otherwise each phase is handed to `par`. Same tasks, same per-task arithmetic, fixed combine
+// order: both paths give the same bits.
+inline int forward(const Args& a, int num_threads, ParallelFor par = nullptr, void* runner = nullptr) {
   Plan pl(a);
   const int64_t BH = a.B * a.H, Cp = pl.Cp, D = a.D;
   struct Task { int64_t b, h, i, slot; };
@@ -431,30 +451,50 @@ inline int forward(const Args& a, int num_threads) {
   pl.part.assign(first_slot[BH] * pl.part_floats, 0.f);
   const int64_t key_scratch = 2 * KEY_TILE * Cp + 3 * KEY_TILE * D + KEY_TILE + 2 * Cp;
   const int64_t query_scratch = QUERY_TILE * 3 * Cp + 2 * QUERY_TILE * D + QUERY_TILE;
+  const int64_t scratch_floats = std::max(key_scratch, query_scratch);
   const int64_t nk = static_cast<int64_t>(keys.size()), nq = static_cast<int64_t>(queries.size());
+
+  auto prepare = [&](int64_t bh) {
+    prepare_head(pl, bh / a.H, bh % a.H);
+    if (a.mask) zero_padded(pl, bh / a.H, bh % a.H);
+  };
+  auto key = [&](int64_t i, float* scratch) {
+    const Task& t = keys[i];
+    key_chunk(pl, t.b, t.h, t.i, pl.part.data() + t.slot * pl.part_floats, scratch);
+  };
+  auto merge = [&](int64_t bh) {
+    if (pl.len[bh / a.H] > 0)
+      combine(pl, bh / a.H, bh % a.H, pl.part.data() + first_slot[bh] * pl.part_floats,
+              first_slot[bh + 1] - first_slot[bh]);
+  };
+  // Last key chunks first: their query rows were the last streamed by phase 1 and may still be in
+  // cache (at 32K tokens q alone is 8 MiB per head). The order does not change any result.
+  auto query = [&](int64_t j, float* scratch) {
+    const int64_t i = nq - 1 - j;
+    query_block(pl, queries[i].b, queries[i].h, queries[i].i, scratch);
+  };
+
+  if (par != nullptr) {
+    auto key_task = [&](int64_t i) { key(i, thread_scratch(scratch_floats)); };
+    auto query_task = [&](int64_t j) { query(j, thread_scratch(scratch_floats)); };
+    run_tasks(par, runner, BH, prepare);
+    run_tasks(par, runner, nk, key_task);
+    run_tasks(par, runner, BH, merge);
+    run_tasks(par, runner, nq, query_task);
+    return 0;
+  }
 
 #pragma omp parallel num_threads(num_threads)
   {
-    std::vector<float> scratch(std::max(key_scratch, query_scratch));
+    std::vector<float> scratch(scratch_floats);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t bh = 0; bh < BH; ++bh) {
-      prepare_head(pl, bh / a.H, bh % a.H);
-      if (a.mask) zero_padded(pl, bh / a.H, bh % a.H);
-    }
+    for (int64_t bh = 0; bh < BH; ++bh) prepare(bh);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < nk; ++i) {
-      const Task& t = keys[i];
-      key_chunk(pl, t.b, t.h, t.i, pl.part.data() + t.slot * pl.part_floats, scratch.data());
-    }
+    for (int64_t i = 0; i < nk; ++i) key(i, scratch.data());
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t bh = 0; bh < BH; ++bh)
-      if (pl.len[bh / a.H] > 0)
-        combine(pl, bh / a.H, bh % a.H, pl.part.data() + first_slot[bh] * pl.part_floats,
-                first_slot[bh + 1] - first_slot[bh]);
-    // Last key chunks first: their query rows were the last streamed by phase 1 and may still be in
-    // cache (at 32K tokens q alone is 8 MiB per head). The order does not change any result.
+    for (int64_t bh = 0; bh < BH; ++bh) merge(bh);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t i = nq - 1; i >= 0; --i) query_block(pl, queries[i].b, queries[i].h, queries[i].i, scratch.data());
+    for (int64_t j = 0; j < nq; ++j) query(j, scratch.data());
   }
   return 0;
 }

@@ -15,6 +15,8 @@ from server.repository import ModelConfig
 
 BackendName = Literal["onnxruntime", "torch"]
 Device = Literal["cpu", "cuda"]
+# How onnxruntime runs LaraAttention nodes on the CPU (settings.ort_attention).
+OrtAttention = Literal["auto", "fused", "body"]
 
 
 class Backend(Protocol):
@@ -33,12 +35,17 @@ class BackendUnavailable(RuntimeError):
 
 
 def create_backend(
-    name: BackendName, model_dir: Path, config: ModelConfig, device: Device, num_threads: int = 0
+    name: BackendName,
+    model_dir: Path,
+    config: ModelConfig,
+    device: Device,
+    num_threads: int = 0,
+    ort_attention: OrtAttention = "auto",
 ) -> Backend:
     if name == "onnxruntime":
         from server.backends.onnx_runtime import OnnxRuntimeBackend
 
-        return OnnxRuntimeBackend(model_dir, config, device, num_threads)
+        return OnnxRuntimeBackend(model_dir, config, device, num_threads, ort_attention)
     if name == "torch":
         from server.backends.pytorch import TorchBackend
 

@@ -1,4 +1,9 @@
-"""ONNX Runtime backend over `<model>/<version>/model.onnx`."""
+"""ONNX Runtime backend over `<model>/<version>/model.onnx`.
+
+LaraAttention nodes run either as their ONNX function body (inlined by onnxruntime at load) or, on the
+CPU, as the fused C++ kernel registered as a custom op (`kernels.ort_library`); `attention_kernel` says
+which. The kernel is CPU-only: on CUDA the body runs on the GPU.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from server.backends import BackendUnavailable, Device, check_logits
+from server.backends import BackendUnavailable, Device, OrtAttention, check_logits
 from server.repository import ONNX_FILE, ModelConfig
 
 
@@ -30,7 +35,14 @@ def not_supported_reasons(model_dir: Path, config: ModelConfig, device: Device) 
 class OnnxRuntimeBackend:
     name = "onnxruntime"
 
-    def __init__(self, model_dir: Path, config: ModelConfig, device: Device, num_threads: int = 0) -> None:
+    def __init__(
+        self,
+        model_dir: Path,
+        config: ModelConfig,
+        device: Device,
+        num_threads: int = 0,
+        attention: OrtAttention = "auto",
+    ) -> None:
         reasons = not_supported_reasons(model_dir, config, device)
         if reasons:
             raise BackendUnavailable(f"onnxruntime cannot serve {config.name!r}: " + "; ".join(reasons))
@@ -41,6 +53,9 @@ class OnnxRuntimeBackend:
             options.intra_op_num_threads = num_threads
         # One batch runs at a time per model (the batcher's worker thread): no inter-op parallelism.
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        self.attention_kernel = "body"
+        if device == "cpu" and attention != "body":
+            self.attention_kernel = _fused_or_body(options, attention)
         providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
         path = model_dir / config.version / ONNX_FILE
         self.session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
@@ -58,3 +73,18 @@ class OnnxRuntimeBackend:
 
     def close(self) -> None:
         del self.session
+
+
+def _fused_or_body(options: object, attention: OrtAttention) -> str:
+    """Register the fused LaraAttention kernel on `options`; "fused", or "body" when it cannot be had."""
+    try:
+        from kernels import ort_library
+    except ImportError:  # an install without the kernels package (the container image)
+        why = "the kernels package is not installed"
+    else:
+        if ort_library.register(options):
+            return "fused"
+        why = ort_library.unavailable_reason() or "unknown"
+    if attention == "fused":
+        raise BackendUnavailable(f"ort_attention=fused but the fused kernel is unavailable: {why}")
+    return "body"

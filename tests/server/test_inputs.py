@@ -201,6 +201,7 @@ async def test_shipped_cards_carry_attention_and_accuracy() -> None:
     try:
         card = describe(model)
         assert card["attention"]["kind"] == "lara" and 0.5 < card["accuracy"]["test_accuracy"] <= 1.0
+        assert card["attention_kernel"] == "fused"  # the default, ort_attention=auto, where it can be built
     finally:
         model.backend.close()
 

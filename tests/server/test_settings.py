@@ -55,6 +55,15 @@ def test_model_backends_parse_and_refuse(monkeypatch: pytest.MonkeyPatch, repo: 
         Settings(model_repository=repo, model_backends="tiny-text=tensorrt")  # type: ignore[arg-type]
 
 
+def test_ort_attention_parses_and_refuses(monkeypatch: pytest.MonkeyPatch, repo: Path) -> None:
+    assert Settings(model_repository=repo).ort_attention == "auto"
+    monkeypatch.setenv("LARA_ORT_ATTENTION", "body")
+    assert Settings(model_repository=repo).ort_attention == "body"
+    assert parse_settings(["--model-repository", str(repo), "--ort-attention", "fused"]).ort_attention == "fused"
+    with pytest.raises(ValidationError, match="'auto', 'fused' or 'body'"):
+        Settings(model_repository=repo, ort_attention="openmp")  # type: ignore[arg-type]
+
+
 def test_help_lists_every_setting(capsys: pytest.CaptureFixture[str]) -> None:
     """`lara-serve --help` prints (a "%" in a description once made argparse raise) and names each env var."""
     from server.__main__ import main

@@ -1,0 +1,70 @@
+"""Build-on-first-use for the C++ sources in `kernels/csrc/` (no torch: the lean serving install uses it).
+
+A library is compiled by the system C++ compiler (`$CXX`, else g++, else c++) into a cache folder:
+`$LARA_KERNEL_CACHE`, else `~/.cache/lara-serve/kernels`. Its file name holds a hash of the sources,
+flags and compiler version, so an edited source or another compiler builds a new library; a finished
+build is renamed into place, so concurrent processes never load a half-written file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+CSRC = Path(__file__).with_name("csrc")
+# Portable on purpose (no -march=native): baseline ISA plus an AVX2/FMA variant chosen at run time
+# inside the source. -fno-math-errno lets exp/sqrt inline; no -ffast-math: the kernel relies on inf.
+CXXFLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno")
+BUILD_TIMEOUT_S = 300
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("LARA_KERNEL_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "lara-serve" / "kernels"
+
+
+def compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+
+
+def library_path(cxx: str, stem: str, inputs: Sequence[Path], flags: Sequence[str]) -> Path:
+    """Where the library built from `inputs` (sources and headers it includes) with `flags` is cached."""
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60, check=True)
+    h = hashlib.sha256()
+    for path in inputs:
+        h.update(path.read_bytes())
+    h.update(" ".join((*flags, version.stdout.splitlines()[0], platform.machine())).encode())
+    return cache_dir() / f"{stem}-{h.hexdigest()[:16]}.so"
+
+
+def build(cxx: str, sources: Sequence[Path], flags: Sequence[str], path: Path) -> None:
+    """Compile `sources` into `path` (atomically); RuntimeError with the compiler's message on failure."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.stem + ".", suffix=".tmp.so", dir=path.parent)
+    os.close(fd)
+    try:
+        cmd = [cxx, *flags, *map(str, sources), "-o", tmp]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+        if done.returncode != 0:
+            raise RuntimeError(f"`{' '.join(cmd)}` failed: {done.stderr.strip()[-2000:]}")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def cached_library(stem: str, sources: Sequence[Path], headers: Sequence[Path], flags: Sequence[str]) -> Path:
+    """The library for these sources, built now unless the cache has it. Raises on any failure."""
+    cxx = compiler()
+    if cxx is None:
+        raise RuntimeError("no C++ compiler found (set CXX, or install g++)")
+    path = library_path(cxx, stem, [*sources, *headers], flags)
+    if not path.exists():
+        build(cxx, sources, flags, path)
+    return path

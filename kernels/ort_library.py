@@ -1,0 +1,103 @@
+"""The fused CPU kernel as onnxruntime's `com.lara::LaraAttention` (a custom-op library), torch-free.
+
+`kernels/csrc/lara_ort_op.cpp` + `lara_cpu.cpp` are compiled (on first use, cached: see
+`kernels/native_build.py`) against onnxruntime's C API header. `register(options)` adds the library to
+an `onnxruntime.SessionOptions`; onnxruntime then runs the fused kernel for every LaraAttention node on
+the CPU instead of inlining the node's ONNX function body, and the exported models stay as they are.
+
+The header is not on PyPI (the onnxruntime wheels ship no include/). `make setup` and `make serve`
+unpack onnxruntime's MIT-licensed C API headers from an npm registry package into the ignored
+`data_cache/onnxruntime-headers/`; `$LARA_ORT_HEADERS` names another folder holding
+`onnxruntime_c_api.h`. Without the header, a compiler, or with `LARA_ORT_KERNEL=off`, `library()` returns
+None after one warning and onnxruntime runs the function body: slower at long lengths, same results
+within float32 rounding.
+
+    python -m kernels.ort_library      # build ahead of time and say which path onnxruntime will use
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import warnings
+from pathlib import Path
+from typing import Any
+
+from kernels import native_build
+
+ABI_VERSION = 1
+ROOT = Path(__file__).resolve().parent.parent
+HEADER = "onnxruntime_c_api.h"
+
+_lock = threading.Lock()
+_state: dict[str, object] = {}  # "path": Path, or "error": str, once decided
+
+
+def headers_dir() -> Path:
+    env = os.environ.get("LARA_ORT_HEADERS")
+    return Path(env) if env else ROOT / "data_cache" / "onnxruntime-headers"
+
+
+def _build_or_reason() -> Path | str:
+    if os.environ.get("LARA_ORT_KERNEL", "").lower() in ("0", "off", "false", "no"):
+        return "disabled by LARA_ORT_KERNEL"
+    include = headers_dir()
+    if not (include / HEADER).is_file():
+        return (
+            f"{include / HEADER} not found (run `make setup` or `make serve`, which unpack onnxruntime's C API "
+            "headers, or set LARA_ORT_HEADERS to a folder holding them)"
+        )
+    sources = [native_build.CSRC / "lara_ort_op.cpp", native_build.CSRC / "lara_cpu.cpp"]
+    try:
+        path = native_build.cached_library(
+            "lara_ort",
+            sources,
+            [native_build.CSRC / "lara_impl.h", include / HEADER],
+            (*native_build.CXXFLAGS, f"-I{include}"),
+        )
+        lib = ctypes.CDLL(str(path))
+        lib.lara_ort_op_abi_version.restype = ctypes.c_int
+        if lib.lara_ort_op_abi_version() != ABI_VERSION:
+            raise RuntimeError(f"{path} has ABI {lib.lara_ort_op_abi_version()}, expected {ABI_VERSION}")
+        return path
+    except Exception as exc:  # any failure means "run the function body", never a crash
+        return f"fused onnxruntime kernel unavailable: {exc}"
+
+
+def library() -> Path | None:
+    """Path of the custom-op library (built on first call), or None after one warning."""
+    with _lock:
+        if not _state:
+            got = _build_or_reason()
+            if isinstance(got, str):
+                _state["error"] = got
+                warnings.warn(f"{got}; onnxruntime runs LaraAttention's ONNX function body", stacklevel=2)
+            else:
+                _state["path"] = got
+        return _state.get("path")  # type: ignore[return-value]
+
+
+def unavailable_reason() -> str | None:
+    """Why the library cannot be used (None when it can); builds it on first call."""
+    return None if library() is not None else str(_state["error"])
+
+
+def reset() -> None:
+    """Forget the built library or the failure (tests, or after installing the headers)."""
+    with _lock:
+        _state.clear()
+
+
+def register(options: Any) -> bool:
+    """Add the fused LaraAttention kernel to an `onnxruntime.SessionOptions`; False when unavailable."""
+    path = library()
+    if path is None:
+        return False
+    options.register_custom_ops_library(str(path))
+    return True
+
+
+if __name__ == "__main__":
+    got = library()
+    print(f"fused onnxruntime kernel: {got if got is not None else unavailable_reason()}")
