@@ -7,16 +7,26 @@ each length: a request holding 1 document (median of --repeats), and a request h
 documents (median of --repeats, also per document). The server's resident memory is sampled from /proc
 every 10 ms; the table gives its peak above the idle (warmed-up) server at each length.
 Writes benchmarks/results/long_serving.json.
+
+    python -m benchmarks.long_serving --compare-ort-attention [--lengths 4096,16384,32768,65536]
+
+starts two servers, one running LaraAttention as its ONNX function body (LARA_ORT_ATTENTION=body), one
+with the fused kernel (=fused), and alternates every request between them, so both see the same load;
+`--before REV` adds a third, the body on the model.onnx that commit REV shipped (what users had then).
+Writes benchmarks/results/long_serving_ort_attention.json with the ratios fused / body (/ before).
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
+import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -106,14 +116,80 @@ def measure(url: str, pid: int, model: str, lengths: list[int], repeats: int) ->
     return rows
 
 
+def _repo_at(rev: str, model: str, root: Path) -> Path:
+    """A model repository holding `model` as today but with the model.onnx that commit `rev` shipped."""
+    shutil.copytree(REPO / model, root / model)
+    blob = subprocess.run(
+        ["git", "show", f"{rev}:model_repository/{model}/1/model.onnx"],
+        cwd=REPO.parent,
+        capture_output=True,
+        check=True,
+    ).stdout
+    (root / model / "1" / "model.onnx").write_bytes(blob)
+    return root
+
+
+def compare_attention(model: str, lengths: list[int], repeats: int, threads: int, before: str | None) -> dict[str, Any]:
+    """Median latency per length of a body server and a fused server (and, with `before`, a body server on
+    the model.onnx of that commit), requests alternating between them so all see the same load."""
+    texts, labels = text_docs("news", "test")
+    env = {"LARA_NUM_THREADS": str(threads), "LARA_MAX_QUEUE_DELAY_MS": "2"}
+    servers = {"body": (REPO, "body"), "fused": (REPO, "fused")}
+    with ExitStack() as stack:
+        if before:
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="long-serving-")))
+            servers["before"] = (_repo_at(before, model, tmp), "body")
+        clients = {}
+        for name, (repo, attention) in servers.items():
+            server_env = env | {"LARA_MODEL_REPOSITORY": str(repo), "LARA_ORT_ATTENTION": attention}
+            url = stack.enter_context(server_process(["--log-level", "warning"], env=server_env, timeout_s=180))
+            clients[name] = stack.enter_context(httpx.Client(base_url=url, timeout=600))
+            _post(clients[name], model, ["warm up"])
+        kinds = list(clients)
+        rows = []
+        for n in lengths:
+            docs = [raw.decode("utf-8", "ignore") for raw, _ in make_composites(texts, labels, n, per_class=2)][:8]
+            times: dict[str, dict[str, list[float]]] = {k: {"batch1": [], "batch8": []} for k in kinds}
+            for i in range(repeats):
+                for k in kinds[i % len(kinds) :] + kinds[: i % len(kinds)]:  # rotate who goes first
+                    times[k]["batch1"].append(_post(clients[k], model, [docs[i % len(docs)]])[0])
+                    times[k]["batch8"].append(_post(clients[k], model, docs)[0])
+            row: dict[str, Any] = {"bytes": n}
+            for k in kinds:
+                row |= {f"{k}_{b}_ms": statistics.median(v) for b, v in times[k].items()}
+            for base in ("body", "before"):
+                for b in ("batch1", "batch8") if base in kinds else ():
+                    row[f"fused_over_{base}_{b}"] = row[f"fused_{b}_ms"] / row[f"{base}_{b}_ms"]
+            rows.append(row)
+            print(row, flush=True)
+    return {"model": model, "server_threads": threads, "repeats": repeats, "before": before, "rows": rows}
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="lara-text-news")
     p.add_argument("--lengths", default="1024,4096,16384,32768,65536")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=2, help="LARA_NUM_THREADS of the server")
+    p.add_argument("--compare-ort-attention", action="store_true", help="body vs fused LaraAttention servers")
+    p.add_argument("--before", metavar="REV", help="with --compare-ort-attention: also the model.onnx of this commit")
     args = p.parse_args(argv)
     lengths = [int(x) for x in args.lengths.split(",")]
+    if args.compare_ort_attention:
+        result = compare_attention(args.model, lengths, args.repeats, args.threads, args.before)
+        path = write_json("long_serving_ort_attention.json", {"environment": environment(), **result})
+        kinds = [k for k in ("before", "body", "fused") if f"{k}_batch1_ms" in result["rows"][0]]
+        headers = ["bytes"] + [f"{k} {b} (ms)" for b in ("1 doc", "8 docs") for k in kinds]
+        headers += [f"fused/{k} {b}" for b in ("1 doc", "8 docs") for k in kinds if k != "fused"]
+        table = [
+            [r["bytes"]]
+            + [r[f"{k}_{b}_ms"] for b in ("batch1", "batch8") for k in kinds]
+            + [r[f"fused_over_{k}_{b}"] for b in ("batch1", "batch8") for k in kinds if k != "fused"]
+            for r in result["rows"]
+        ]
+        print(markdown_table(headers, table))
+        print(f"wrote {path}")
+        return
     env = {"LARA_MODEL_REPOSITORY": str(REPO), "LARA_NUM_THREADS": str(args.threads), "LARA_MAX_QUEUE_DELAY_MS": "2"}
     with server_process(["--log-level", "warning"], env=env, timeout_s=180) as url:
         pid = _server_pid(int(url.rsplit(":", 1)[1]))

@@ -6,7 +6,10 @@ The shipped `model.onnx` files, unchanged, in two onnxruntime sessions that diff
 (`lara-vit-fashion`): batch 1 and 8. Runs alternate between the two sessions, so load spikes hit both;
 best and median of the rounds. Also the largest difference of the logits between the two.
 
-    .venv/bin/python -m benchmarks.ort_kernel [--threads 2] [--lengths 1024,4096,16384,32768,65536]
+    .venv/bin/python -m benchmarks.ort_kernel [--threads 2] [--lengths 1024,4096,16384,32768,65536] [--before REV]
+
+`--before REV` adds a third session: the body on the `model.onnx` that commit REV shipped (read with
+`git show`), to measure the graph changes and the kernel together against what users had then.
 
 Writes benchmarks/results/ort_kernel.json and prints a markdown table.
 """
@@ -15,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -29,13 +34,23 @@ ROOT = Path(__file__).resolve().parent.parent
 REPO = ROOT / "model_repository"
 
 
-def session(model: str, threads: int, fused: bool) -> ort.InferenceSession:
+def session(path: Path, threads: int, fused: bool) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL  # as the server runs it
     if fused and not ort_library.register(options):
         raise SystemExit(f"the fused kernel is unavailable: {ort_library.unavailable_reason()}")
-    return ort.InferenceSession(str(REPO / model / "1" / "model.onnx"), options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def onnx_at(rev: str, model: str, folder: Path) -> Path:
+    """The model.onnx that commit `rev` holds for `model`, written into `folder`."""
+    blob = subprocess.run(
+        ["git", "show", f"{rev}:model_repository/{model}/1/model.onnx"], cwd=ROOT, capture_output=True, check=True
+    ).stdout
+    path = folder / f"{model}-{rev}.onnx"
+    path.write_bytes(blob)
+    return path
 
 
 def feeds_for(task: str, batch: int, tokens: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -57,15 +72,17 @@ def alternate(sessions: dict[str, ort.InferenceSession], feeds: dict[str, np.nda
             s.run(None, feeds)
             times[name].append((time.perf_counter() - t0) * 1000)
         rounds += 1
-    body, fused = times["body"], times["fused"]
-    return {
-        "rounds": rounds,
-        "body_ms": {"best": round(min(body), 2), "median": round(statistics.median(body), 2)},
-        "fused_ms": {"best": round(min(fused), 2), "median": round(statistics.median(fused), 2)},
-        "fused_over_body_best": round(min(fused) / min(body), 3),
-        "fused_over_body_median": round(statistics.median(fused) / statistics.median(body), 3),
-        "max_abs_logit_diff": float(np.abs(outs["body"] - outs["fused"]).max()),
-    }
+    row: dict[str, Any] = {"rounds": rounds}
+    for name, t in times.items():
+        row[f"{name}_ms"] = {"best": round(min(t), 2), "median": round(statistics.median(t), 2)}
+    for base in ("body", "before"):
+        if base in times:
+            row[f"fused_over_{base}_best"] = round(min(times["fused"]) / min(times[base]), 3)
+            row[f"fused_over_{base}_median"] = round(
+                statistics.median(times["fused"]) / statistics.median(times[base]), 3
+            )
+    row["max_abs_logit_diff"] = max(float(np.abs(outs["body"] - out).max()) for out in outs.values())
+    return row
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -74,8 +91,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--lengths", default="1024,4096,16384,32768,65536", help="text lengths in tokens (bytes)")
     p.add_argument("--batch8-max", type=int, default=4096, help="also batch 8 at lengths up to this")
     p.add_argument("--budget-s", type=float, default=4.0, help="time per shape beyond the first 5 rounds")
+    p.add_argument("--before", metavar="REV", help="also time the body on the model.onnx of this commit")
     p.add_argument("--out", default="ort_kernel.json")
     args = p.parse_args(argv)
+    tmp = Path(tempfile.mkdtemp(prefix="ort-kernel-"))
     rng = np.random.default_rng(0)
     shapes: list[tuple[str, str, int, int]] = []
     for n in (int(x) for x in args.lengths.split(",")):
@@ -87,7 +106,10 @@ def main(argv: list[str] | None = None) -> None:
     made: dict[str, dict[str, ort.InferenceSession]] = {}
     for task, model, batch, tokens in shapes:
         if model not in made:
-            made[model] = {"body": session(model, args.threads, False), "fused": session(model, args.threads, True)}
+            path = REPO / model / "1" / "model.onnx"
+            made[model] = {"body": session(path, args.threads, False), "fused": session(path, args.threads, True)}
+            if args.before:
+                made[model]["before"] = session(onnx_at(args.before, model, tmp), args.threads, False)
         row = {"model": model, "batch": batch, "tokens": tokens}
         row |= alternate(made[model], feeds_for(task, batch, tokens, rng), args.budget_s)
         rows.append(row)
@@ -95,6 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     payload = {
         "benchmark": "onnxruntime: LaraAttention function body vs fused custom-op kernel",
         "threads": args.threads,
+        "before": args.before,
         "onnxruntime": ort.__version__,
         "library": str(ort_library.library()),
         "environment": environment(),
@@ -107,6 +130,10 @@ def main(argv: list[str] | None = None) -> None:
          r["fused_over_body_median"]]
         for r in rows
     ]  # fmt: skip
+    if args.before:
+        headers += [f"before ({args.before}) best (ms)", "fused/before best", "fused/before median"]
+        for line, r in zip(table, rows, strict=True):
+            line += [r["before_ms"]["best"], r["fused_over_before_best"], r["fused_over_before_median"]]
     print(markdown_table(headers, table))
     print(f"wrote {path}")
 

@@ -131,8 +131,10 @@ class TextEncoder(nn.Module):
     def forward_head(self, x: Tensor, attention_mask: Tensor) -> Tensor:
         valid = attention_mask > 0
         if not x.is_cpu or tracing():  # the batched form (GPU: no per-row host syncs)
-            m = valid.to(x.dtype)[..., None]  # [B, N, 1]
-            pooled = (x * m).sum(1) / m.sum(1).clamp_min(1.0)  # [B, D]
+            m = valid.to(x.dtype)[:, None, :]  # [B, 1, N]
+            # A [1, N] x [N, D] product per document: onnxruntime's ReduceSum over the token axis of x * m
+            # took 6% of the model at 32K tokens, the MatMul a fraction of that.
+            pooled = (m @ x).squeeze(1) / m.sum(-1).clamp_min(1.0)  # [B, D]
             return self.head(pooled).float()
         # Eager on CPU: one document at a time, so that its logits are bitwise the same alone and in any batch
         # with any padding. A batched masked sum reduces in an order set by the padded length, and the
