@@ -9,11 +9,19 @@ ARG BASE=local/debian:bookworm
 # ---- build stage: a venv filled offline from the host-built wheelhouse --------------------------------
 FROM ${BASE} AS build
 ENV DEBIAN_FRONTEND=noninteractive
-# Distro packages come from the base's own Debian suite (bookworm), which fixes their versions.
+# Distro packages come from the base's own Debian suite (bookworm), which fixes their versions. g++ builds the
+# fused LaraAttention kernel below; it stays in this stage.
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3 python3-venv \
+    && apt-get install -y --no-install-recommends python3 python3-venv g++ \
     && apt-get clean && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin
+# The fused LaraAttention kernel as an onnxruntime custom-op library (kernels/ort_library.py), compiled here
+# (system python3 only: the loader is torch-free) so the runtime image needs no compiler.
+WORKDIR /tmp/lara
+COPY kernels/ /tmp/lara/kernels/
+COPY data_cache/onnxruntime-headers/ /tmp/lara/ort-headers/
+RUN LARA_ORT_HEADERS=/tmp/lara/ort-headers LARA_KERNEL_CACHE=/tmp/lara/cache python3 -m kernels.ort_library \
+    && mkdir -p /opt/lara && cp /tmp/lara/cache/lara_ort-*.so /opt/lara/lara_ort.so
 COPY deploy/requirements-serve.txt /tmp/requirements-serve.txt
 COPY deploy/wheels/ /tmp/wheels/
 RUN python3 -m venv /opt/venv \
@@ -24,15 +32,18 @@ RUN python3 -m venv /opt/venv \
 # ---- cpu: python3 + the venv + the code; no pip, no wheels, no compilers ------------------------------
 FROM ${BASE} AS cpu
 ENV DEBIAN_FRONTEND=noninteractive
+# libgomp1: the fused kernel's library links the OpenMP runtime (onnxruntime's own pool runs its tasks).
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3 \
+    && apt-get install -y --no-install-recommends python3 libgomp1 \
     && apt-get clean && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin \
     && useradd --system --uid 10001 --user-group --home-dir /app --no-create-home --shell /usr/sbin/nologin lara
 COPY --from=build /opt/venv /opt/venv
+COPY --from=build /opt/lara /opt/lara
 WORKDIR /app
 COPY server/ /app/server/
 COPY clients/ /app/clients/
+COPY kernels/__init__.py kernels/native_build.py kernels/ort_library.py /app/kernels/
 COPY deploy/docker/healthcheck.py /app/deploy/docker/healthcheck.py
 COPY model_repository/ /app/model_repository/
 # PATH in full: an imported base (docker import) carries no PATH to extend.
@@ -44,7 +55,9 @@ ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/
     LARA_PORT=8000 \
     LARA_BACKEND=onnxruntime \
     LARA_DEVICE=cpu \
-    LARA_MODEL_REPOSITORY=/app/model_repository
+    LARA_MODEL_REPOSITORY=/app/model_repository \
+    LARA_ORT_LIBRARY=/opt/lara/lara_ort.so \
+    LARA_ORT_ATTENTION=fused
 USER 10001:10001
 EXPOSE 8000
 # Liveness only (the process answers); /v2/health/ready also waits for every model to load and warm up.

@@ -81,10 +81,10 @@ serve: $(SERVE_STAMP) $(ORT_HEADERS)
 # Serving images (deploy/README.md). They need a Docker daemon: as root, a private one that leaves the host
 # alone is `eval "$$(deploy/ci/dockerd.sh start /tmp/lara-docker)"` (stop: deploy/ci/dockerd.sh stop ...).
 .PHONY: image image-gpu image-gpu-check
-image: $(STAMP)
+image: $(STAMP) $(ORT_HEADERS)
 	deploy/build_image.sh cpu
 
-image-gpu: $(STAMP)
+image-gpu: $(STAMP) $(ORT_HEADERS)
 	deploy/build_image.sh gpu
 
 # No GPU needed: CUDA libraries resolve, LARA_DEVICE=cpu serves, LARA_DEVICE=cuda refuses to start.

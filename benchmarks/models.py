@@ -1,5 +1,8 @@
 """Model latency on the CPU (not a test): onnxruntime vs PyTorch eager vs torch.compile.
 
+onnxruntime twice: LaraAttention as its ONNX function body, and as the fused kernel (the server's default,
+`kernels.ort_library`) when that can be built here.
+
 Text (`lara-text-news`): batch 1 and 8 at 1K, 4K and 16K tokens; image (`lara-vit-fashion`): batch 1
 and 8. Uses the trained weights in model_repository/ when present, else random weights (latency does
 not depend on the weights). The graphs are exported with each model's own config (the text model's
@@ -82,6 +85,10 @@ def bench_task(task: str, threads: int, quick: bool, compile_: bool) -> tuple[li
     if task == "text":
         info["max_length"] = cfg.max_length
     session = ex.make_session(onnx_path, threads=threads)
+    try:
+        fused = ex.make_session(onnx_path, threads=threads, fused=True)
+    except RuntimeError as e:
+        fused, info["onnxruntime_fused_error"] = None, str(e)
     # Text: one dynamic-shape compile for every length. Images have one size: compile per batch size
     # (dynamic=True fails in inductor on the ViT's depthwise conv at batch 8, torch 2.13).
     compiled = torch.compile(model, dynamic=task == "text") if compile_ else None
@@ -94,6 +101,8 @@ def bench_task(task: str, threads: int, quick: bool, compile_: bool) -> tuple[li
             "onnxruntime": lambda f=feeds: session.run(["logits"], f),
             "torch_eager": lambda t=tensors: model(**t),
         }
+        if fused is not None:
+            fns["onnxruntime_fused"] = lambda f=feeds: fused.run(["logits"], f)
         with torch.inference_mode():
             t = time.perf_counter()
             ref = model(**tensors).numpy()
@@ -160,9 +169,18 @@ def main(argv: list[str] | None = None) -> None:
         models = [m for m in old["models"] if m["model"] in keep] + models
         results = [r for r in old["results"] if r["task"] not in tasks] + results
         options = [r for r in old["ort_options"] if r["task"] not in tasks] + options
-    cols = ["onnxruntime_ms", "torch_eager_ms", "torch_compile_ms"]
+    cols = ["onnxruntime_ms", "onnxruntime_fused_ms", "torch_eager_ms", "torch_compile_ms"]
     table = markdown_table(
-        ["task", "batch", "tokens", "onnxruntime ms", "torch eager ms", "torch.compile ms", "fastest (best of N)"],
+        [
+            "task",
+            "batch",
+            "tokens",
+            "onnxruntime (body) ms",
+            "onnxruntime (fused) ms",
+            "torch eager ms",
+            "torch.compile ms",
+            "fastest (best of N)",
+        ],  # fmt: skip
         [[r["task"], r["batch"], r["tokens"] or "28x28", *(r.get(c) for c in cols), r["fastest"]] for r in results],
     )
     opt_table = markdown_table(

@@ -80,6 +80,13 @@ if [ "$TARGET" = gpu ]; then
     rm -f "$common"
 fi
 
+# The fused LaraAttention kernel is compiled in the image's build stage against onnxruntime's C API headers,
+# which `make setup` / `make serve` unpack from npm into data_cache/ (not in git).
+if [ ! -f data_cache/onnxruntime-headers/onnxruntime_c_api.h ]; then
+    echo "data_cache/onnxruntime-headers/ is missing: run make data_cache/onnxruntime-headers/onnxruntime_c_api.h" >&2
+    exit 1
+fi
+
 # 3. The image. model_repository/ must exist for COPY (it may be empty: then mount models at run time).
 mkdir -p model_repository
 if ! compgen -G "model_repository/*/config.json" >/dev/null; then

@@ -53,6 +53,9 @@ def build(cxx: str, sources: Sequence[Path], flags: Sequence[str], path: Path) -
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
         if done.returncode != 0:
             raise RuntimeError(f"`{' '.join(cmd)}` failed: {done.stderr.strip()[-2000:]}")
+        # mkstemp makes the file 0600; a shared library others may load (a server running as another
+        # user, as in the container image) must be readable by them.
+        os.chmod(tmp, 0o755)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

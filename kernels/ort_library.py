@@ -8,9 +8,10 @@ the CPU instead of inlining the node's ONNX function body, and the exported mode
 The header is not on PyPI (the onnxruntime wheels ship no include/). `make setup` and `make serve`
 unpack onnxruntime's MIT-licensed C API headers from an npm registry package into the ignored
 `data_cache/onnxruntime-headers/`; `$LARA_ORT_HEADERS` names another folder holding
-`onnxruntime_c_api.h`. Without the header, a compiler, or with `LARA_ORT_KERNEL=off`, `library()` returns
-None after one warning and onnxruntime runs the function body: slower at long lengths, same results
-within float32 rounding.
+`onnxruntime_c_api.h`. `$LARA_ORT_LIBRARY` names a library built ahead of time (the container image
+builds it in its build stage and ships no compiler): then nothing is compiled. Without the header, a
+compiler, or with `LARA_ORT_KERNEL=off`, `library()` returns None after one warning and onnxruntime runs
+the function body: slower at long lengths, same results within float32 rounding.
 
     python -m kernels.ort_library      # build ahead of time and say which path onnxruntime will use
 """
@@ -39,9 +40,24 @@ def headers_dir() -> Path:
     return Path(env) if env else ROOT / "data_cache" / "onnxruntime-headers"
 
 
+def _checked(path: Path) -> Path:
+    """`path` if it loads and has this module's ABI; raises otherwise."""
+    lib = ctypes.CDLL(str(path))
+    lib.lara_ort_op_abi_version.restype = ctypes.c_int
+    if lib.lara_ort_op_abi_version() != ABI_VERSION:
+        raise RuntimeError(f"{path} has ABI {lib.lara_ort_op_abi_version()}, expected {ABI_VERSION}")
+    return path
+
+
 def _build_or_reason() -> Path | str:
     if os.environ.get("LARA_ORT_KERNEL", "").lower() in ("0", "off", "false", "no"):
         return "disabled by LARA_ORT_KERNEL"
+    prebuilt = os.environ.get("LARA_ORT_LIBRARY")
+    if prebuilt:
+        try:
+            return _checked(Path(prebuilt))
+        except Exception as exc:
+            return f"LARA_ORT_LIBRARY={prebuilt} cannot be used: {exc}"
     include = headers_dir()
     if not (include / HEADER).is_file():
         return (
@@ -56,11 +72,7 @@ def _build_or_reason() -> Path | str:
             [native_build.CSRC / "lara_impl.h", include / HEADER],
             (*native_build.CXXFLAGS, f"-I{include}"),
         )
-        lib = ctypes.CDLL(str(path))
-        lib.lara_ort_op_abi_version.restype = ctypes.c_int
-        if lib.lara_ort_op_abi_version() != ABI_VERSION:
-            raise RuntimeError(f"{path} has ABI {lib.lara_ort_op_abi_version()}, expected {ABI_VERSION}")
-        return path
+        return _checked(path)
     except Exception as exc:  # any failure means "run the function body", never a crash
         return f"fused onnxruntime kernel unavailable: {exc}"
 
@@ -101,3 +113,4 @@ def register(options: Any) -> bool:
 if __name__ == "__main__":
     got = library()
     print(f"fused onnxruntime kernel: {got if got is not None else unavailable_reason()}")
+    raise SystemExit(0 if got is not None else 1)

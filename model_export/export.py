@@ -149,9 +149,17 @@ def check_graph(proto: onnx.ModelProto, expected_lara_nodes: int) -> None:
     onnx.checker.check_model(proto, full_check=True)
 
 
-def make_session(path: str | Path, threads: int = 0, level: str = "all") -> ort.InferenceSession:
-    """A CPU onnxruntime session; level: "disable" | "basic" | "extended" | "all" graph optimizations."""
+def make_session(path: str | Path, threads: int = 0, level: str = "all", fused: bool = False) -> ort.InferenceSession:
+    """A CPU onnxruntime session; level: "disable" | "basic" | "extended" | "all" graph optimizations.
+
+    fused: LaraAttention runs as the fused kernel (`kernels.ort_library`) instead of its function body;
+    RuntimeError when that kernel is unavailable here."""
     opts = ort.SessionOptions()
+    if fused:
+        from kernels import ort_library
+
+        if not ort_library.register(opts):
+            raise RuntimeError(f"the fused LaraAttention kernel is unavailable: {ort_library.unavailable_reason()}")
     opts.graph_optimization_level = {
         "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
         "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,

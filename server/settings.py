@@ -48,7 +48,7 @@ class Settings(BaseSettings):
     ort_attention: Literal["auto", "fused", "body"] = Field(
         "auto",
         description="onnxruntime on CPU: how LaraAttention nodes run. fused: the compiled C++ kernel as an "
-        "onnxruntime custom op (0.84-0.94x the body's latency, benchmarks/ort_kernel.py; needs g++ and "
+        "onnxruntime custom op (about 0.9x the body's latency, benchmarks/ort_kernel.py; needs g++ and "
         "onnxruntime's C API headers, which `make serve` installs), start-up fails without it; body: the "
         "node's ONNX function body; auto: fused when it can be built here, else body with a warning.",
     )

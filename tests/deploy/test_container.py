@@ -167,6 +167,9 @@ def test_container_classifies_real_inputs_and_stops_cleanly(
                 mine = [e for e in examples if e.model == model]
                 result = client.infer(model, [e.data for e in mine])
                 assert [result.labels[i] for i in result.probabilities.argmax(axis=1)] == [e.label for e in mine]
+        # The image ships the fused LaraAttention kernel, built in its build stage (no compiler at run time).
+        cards = httpx.get(f"{url}/info", timeout=30).json()["models"]
+        assert cards and all(card["attention_kernel"] == "fused" for card in cards), cards
     finally:
         started = time.monotonic()
         run(["docker", "stop", "-t", "60", name], docker, 120, check=False)

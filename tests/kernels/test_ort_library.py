@@ -141,3 +141,21 @@ def test_without_headers_auto_falls_back_and_fused_refuses(tmp_path, monkeypatch
     finally:
         monkeypatch.undo()
         ort_library.reset()
+
+
+def test_a_prebuilt_library_is_used_without_compiling(tmp_path, monkeypatch):
+    """LARA_ORT_LIBRARY (the container image: built in its build stage, no compiler at run time)."""
+    built_path = ort_library.library()
+    monkeypatch.setenv("LARA_ORT_HEADERS", str(tmp_path))  # no headers: building would fail
+    monkeypatch.setenv("CXX", str(tmp_path / "no-compiler"))
+    try:
+        monkeypatch.setenv("LARA_ORT_LIBRARY", str(built_path))
+        ort_library.reset()
+        assert ort_library.library() == built_path
+        monkeypatch.setenv("LARA_ORT_LIBRARY", str(tmp_path / "missing.so"))
+        ort_library.reset()
+        with pytest.warns(UserWarning, match="missing.so cannot be used"):
+            assert ort_library.library() is None
+    finally:
+        monkeypatch.undo()
+        ort_library.reset()
