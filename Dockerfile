@@ -18,7 +18,8 @@ RUN apt-get update \
 # The fused LaraAttention kernel as an onnxruntime custom-op library (kernels/ort_library.py), compiled here
 # (system python3 only: the loader is torch-free) so the runtime image needs no compiler.
 WORKDIR /tmp/lara
-COPY kernels/ /tmp/lara/kernels/
+COPY kernels/__init__.py kernels/native_build.py kernels/ort_library.py /tmp/lara/kernels/
+COPY kernels/csrc/ /tmp/lara/kernels/csrc/
 COPY data_cache/onnxruntime-headers/ /tmp/lara/ort-headers/
 RUN LARA_ORT_HEADERS=/tmp/lara/ort-headers LARA_KERNEL_CACHE=/tmp/lara/cache python3 -m kernels.ort_library \
     && mkdir -p /opt/lara && cp /tmp/lara/cache/lara_ort-*.so /opt/lara/lara_ort.so

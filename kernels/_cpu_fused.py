@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import threading
-import warnings
 from pathlib import Path
 
 import torch
@@ -28,9 +26,6 @@ from kernels import native_build
 
 ABI_VERSION = 2
 DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
-
-_lock = threading.Lock()
-_state: dict[str, object] = {}  # "lib": ctypes.CDLL, or "error": str, once decided
 
 
 def _open(path: Path) -> ctypes.CDLL:
@@ -60,36 +55,30 @@ def _load_or_reason() -> ctypes.CDLL | str:
         return f"fused CPU kernel unavailable: {exc}"
 
 
+_kernel = native_build.Once(_load_or_reason, "LARA on CPU uses the PyTorch path (kernels/_cpu.py)")
+
+
 def load() -> ctypes.CDLL | None:
     """The compiled kernel (built on first call), or None after one warning if it cannot be had."""
-    with _lock:
-        if not _state:
-            got = _load_or_reason()
-            if isinstance(got, str):
-                _state["error"] = got
-                warnings.warn(f"{got}; LARA on CPU uses the PyTorch path (kernels/_cpu.py)", stacklevel=2)
-            else:
-                _state["lib"] = got
-        return _state.get("lib")  # type: ignore[return-value]
+    return _kernel.get()
 
 
 def unavailable_reason() -> str | None:
     """Why the compiled kernel cannot run (None when it can); builds it on first call."""
-    return None if load() is not None else str(_state["error"])
+    return _kernel.reason()
 
 
 def reset() -> None:
     """Forget the loaded library or the failure (tests, or after installing a compiler)."""
-    with _lock:
-        _state.clear()
+    _kernel.reset()
 
 
 def variant(force_generic: bool = False) -> str:
-    """Which compiled variant runs on this CPU: "avx2" or "generic"."""
+    """Which compiled variant runs on this CPU: "avx512", "avx2" or "generic" (LARA_CPU_ISA caps it)."""
     lib = load()
     if lib is None:
         raise RuntimeError(unavailable_reason())
-    return "avx2" if lib.lara_cpu_variant(int(force_generic)) else "generic"
+    return ("generic", "avx2", "avx512")[lib.lara_cpu_variant(int(force_generic))]
 
 
 def _unit_last_stride(t: Tensor) -> Tensor:

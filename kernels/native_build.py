@@ -14,8 +14,13 @@ import platform
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
+import threading
+import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
 
 CSRC = Path(__file__).with_name("csrc")
 # Portable on purpose (no -march=native): baseline ISA plus an AVX2/FMA variant chosen at run time
@@ -71,3 +76,34 @@ def cached_library(stem: str, sources: Sequence[Path], headers: Sequence[Path], 
     if not path.exists():
         build(cxx, sources, flags, path)
     return path
+
+
+class Once(Generic[T]):
+    """A native library decided once per process: `make()` returns it, or a string saying why it cannot be
+    had; then `get()` returns it, or None after ONE warning ending with `fallback` (what runs instead)."""
+
+    def __init__(self, make: Callable[[], T | str], fallback: str) -> None:
+        self._make = make
+        self._fallback = fallback
+        self._lock = threading.Lock()
+        self._state: dict[str, object] = {}  # "value": T, or "error": str, once decided
+
+    def get(self) -> T | None:
+        with self._lock:
+            if not self._state:
+                got = self._make()
+                if isinstance(got, str):
+                    self._state["error"] = got
+                    warnings.warn(f"{got}; {self._fallback}", stacklevel=3)
+                else:
+                    self._state["value"] = got
+            return self._state.get("value")  # type: ignore[return-value]
+
+    def reason(self) -> str | None:
+        """Why the library cannot be used (None when it can); decides on first call."""
+        return None if self.get() is not None else str(self._state["error"])
+
+    def reset(self) -> None:
+        """Forget the decision (tests, or after installing what was missing)."""
+        with self._lock:
+            self._state.clear()

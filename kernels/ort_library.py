@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import threading
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +28,6 @@ from kernels import native_build
 ABI_VERSION = 1
 ROOT = Path(__file__).resolve().parent.parent
 HEADER = "onnxruntime_c_api.h"
-
-_lock = threading.Lock()
-_state: dict[str, object] = {}  # "path": Path, or "error": str, once decided
 
 
 def headers_dir() -> Path:
@@ -77,28 +72,22 @@ def _build_or_reason() -> Path | str:
         return f"fused onnxruntime kernel unavailable: {exc}"
 
 
+_library = native_build.Once(_build_or_reason, "onnxruntime runs LaraAttention's ONNX function body")
+
+
 def library() -> Path | None:
     """Path of the custom-op library (built on first call), or None after one warning."""
-    with _lock:
-        if not _state:
-            got = _build_or_reason()
-            if isinstance(got, str):
-                _state["error"] = got
-                warnings.warn(f"{got}; onnxruntime runs LaraAttention's ONNX function body", stacklevel=2)
-            else:
-                _state["path"] = got
-        return _state.get("path")  # type: ignore[return-value]
+    return _library.get()
 
 
 def unavailable_reason() -> str | None:
     """Why the library cannot be used (None when it can); builds it on first call."""
-    return None if library() is not None else str(_state["error"])
+    return _library.reason()
 
 
 def reset() -> None:
     """Forget the built library or the failure (tests, or after installing the headers)."""
-    with _lock:
-        _state.clear()
+    _library.reset()
 
 
 def register(options: Any) -> bool:

@@ -5,12 +5,13 @@
 //
 // Why no -march=native: the .so may be cached in a container image built on one host and run on
 // another. The file is compiled for baseline x86-64 (or the host's generic ISA elsewhere); lara_impl.h
-// is compiled a second time inside `#pragma GCC target("avx2,fma")` and picked at run time when the CPU
-// has both (__builtin_cpu_supports). Each variant is deterministic on its own; results of the two
-// variants differ in the last bits (FMA rounding), so a process always uses one of them.
+// is compiled again inside `#pragma GCC target("avx2,fma")` and `("avx512f,avx512dq,...")`, and the widest
+// the CPU has is picked at run time (__builtin_cpu_supports). Each variant is deterministic on its own;
+// results of two variants differ in the last bits (FMA and reduction order), so a process always uses one.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -47,29 +48,54 @@ struct Args {
 // -- generic variant: baseline ISA, scalar lanes the compiler may auto-vectorize --
 #define LARA_NS generic
 #define LARA_AVX2 0
+#define LARA_AVX512 0
 #include "lara_impl.h"
 #undef LARA_NS
 #undef LARA_AVX2
+#undef LARA_AVX512
 
 #if LARA_HAVE_X86
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 #define LARA_NS avx2
 #define LARA_AVX2 1
+#define LARA_AVX512 0
 #include "lara_impl.h"
 #undef LARA_NS
 #undef LARA_AVX2
+#undef LARA_AVX512
+#pragma GCC pop_options
+
+// AVX-512 (16 lanes): twice the FMA width where the CPU has it, as torch's own GEMM uses there.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512dq,avx2,fma")
+#define LARA_NS avx512
+#define LARA_AVX2 0
+#define LARA_AVX512 1
+#include "lara_impl.h"
+#undef LARA_NS
+#undef LARA_AVX2
+#undef LARA_AVX512
 #pragma GCC pop_options
 #endif
 
 namespace {
 
-bool cpu_has_avx2_fma() {
+// 2: AVX-512 (F and DQ), 1: AVX2 + FMA, 0: neither. LARA_CPU_ISA=avx2 or generic caps it (to compare
+// variants, or to match results computed on another machine).
+int best_variant() {
 #if LARA_HAVE_X86
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  int best = 0;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) best = 1;
+  if (best == 1 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")) best = 2;
+  if (const char* cap = std::getenv("LARA_CPU_ISA")) {
+    if (std::strcmp(cap, "avx2") == 0) best = std::min(best, 1);
+    if (std::strcmp(cap, "generic") == 0) best = 0;
+  }
+  return best;
 #else
-  return false;
+  return 0;
 #endif
 }
 
@@ -77,8 +103,8 @@ bool cpu_has_avx2_fma() {
 
 extern "C" {
 
-// 1 when the AVX2/FMA variant runs on this CPU (unless forced generic), 0 for the generic one.
-int lara_cpu_variant(int force_generic) { return (!force_generic && cpu_has_avx2_fma()) ? 1 : 0; }
+// The variant that runs on this CPU: 2 AVX-512, 1 AVX2/FMA, 0 generic (always 0 when forced generic).
+int lara_cpu_variant(int force_generic) { return force_generic ? 0 : best_variant(); }
 
 // ABI version: kernels/_cpu_fused.py refuses a cached library whose version differs.
 int lara_cpu_abi_version() { return 2; }
@@ -100,7 +126,11 @@ int lara_cpu_forward_with(int64_t B, int64_t H, int64_t N, int64_t D, int64_t C,
     a.vs[i] = strides[6 + i];
   }
 #if LARA_HAVE_X86
-  if (lara_cpu_variant(force_generic)) return lara::avx2::forward(a, num_threads, par, runner);
+  switch (lara_cpu_variant(force_generic)) {
+    case 2: return lara::avx512::forward(a, num_threads, par, runner);
+    case 1: return lara::avx2::forward(a, num_threads, par, runner);
+    default: break;
+  }
 #endif
   (void)force_generic;
   return lara::generic::forward(a, num_threads, par, runner);

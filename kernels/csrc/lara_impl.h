@@ -1,5 +1,5 @@
-// The LARA forward, included twice by lara_cpu.cpp: LARA_NS names the variant (generic / avx2),
-// LARA_AVX2 selects the vector type. Same math as kernels/reference.py (spec 5.3-5.4) and the algebra of
+// The LARA forward, included three times by lara_cpu.cpp: LARA_NS names the variant (generic / avx2 /
+// avx512), LARA_AVX2 or LARA_AVX512 selects the vector type. Same math as kernels/reference.py (spec 5.3-5.4) and the algebra of
 // kernels/_cpu.py, restructured so that no [C, N] tensor exists:
 //   phase 0, per (batch, head): samples w = mu (+ noise), the GEMM operand P = scale * [w | q~]^T,
 //            the balance heuristic BH_c and log g_c(w_c).
@@ -24,10 +24,60 @@ constexpr int64_t KEY_CHUNK = 2048;
 // Queries per tile: logits [64, 2Cp] and weights [64, Cp] (48 KiB at C = 64) stay in L1/L2.
 constexpr int64_t QUERY_TILE = 64;
 constexpr int64_t QUERY_TASK = 256;  // queries per parallel task
+// Working set of one head group (see forward): half of a common 32 MiB last-level cache, so a group's
+// q, k, v and output stay there between phase 1 and phase 3 next to whatever else runs.
+constexpr int64_t HEAD_GROUP_BYTES = int64_t{16} << 20;
 constexpr float ALPHA_FLOOR = 1e-8f;  // kernels.reference.ALPHA_FLOOR (spec 5.3)
 constexpr float INF = std::numeric_limits<float>::infinity();
 
-#if LARA_AVX2
+#if LARA_AVX512
+struct Vec {
+  __m512 x;
+  static constexpr int64_t W = 16;
+  static Vec load(const float* p) { return {_mm512_loadu_ps(p)}; }
+  static Vec bcast(const float* p) { return {_mm512_set1_ps(*p)}; }
+  static Vec set1(float f) { return {_mm512_set1_ps(f)}; }
+  void store(float* p) const { _mm512_storeu_ps(p, x); }
+};
+inline Vec operator+(Vec a, Vec b) { return {_mm512_add_ps(a.x, b.x)}; }
+inline Vec operator-(Vec a, Vec b) { return {_mm512_sub_ps(a.x, b.x)}; }
+inline Vec operator*(Vec a, Vec b) { return {_mm512_mul_ps(a.x, b.x)}; }
+inline Vec operator/(Vec a, Vec b) { return {_mm512_div_ps(a.x, b.x)}; }
+inline Vec fmadd(Vec a, Vec b, Vec c) { return {_mm512_fmadd_ps(a.x, b.x, c.x)}; }
+inline Vec vmax(Vec a, Vec b) { return {_mm512_max_ps(a.x, b.x)}; }
+// Fixed halving order (256, 128, 64, 32 bits): deterministic like every other reduction here.
+inline float hsum(Vec a) {
+  const __m256 h = _mm256_add_ps(_mm512_extractf32x8_ps(a.x, 0), _mm512_extractf32x8_ps(a.x, 1));
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+inline float hmax(Vec a) {
+  const __m256 h = _mm256_max_ps(_mm512_extractf32x8_ps(a.x, 0), _mm512_extractf32x8_ps(a.x, 1));
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+// exp on 16 lanes: the AVX2 variant's method and coefficients.
+inline Vec vexp(Vec v) {
+  const __m512 lo = _mm512_set1_ps(-87.33f), hi = _mm512_set1_ps(88.0f);
+  const __mmask16 under = _mm512_cmp_ps_mask(v.x, lo, _CMP_LT_OQ);
+  __m512 x = _mm512_min_ps(hi, _mm512_max_ps(lo, v.x));
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return {_mm512_maskz_mul_ps(static_cast<__mmask16>(~under), p, _mm512_castsi512_ps(e))};
+}
+#elif LARA_AVX2
 struct Vec {
   __m256 x;
   static constexpr int64_t W = 8;
@@ -93,8 +143,24 @@ inline float hmax(Vec a) { return a.x; }
 inline Vec vexp(Vec v) { return {std::exp(v.x)}; }
 #endif
 
+#if LARA_AVX512
+#define LARA_VREG __m512
+#define LARA_VLOAD _mm512_loadu_ps
+#define LARA_VZERO _mm512_setzero_ps
+#define LARA_VBCAST(p) _mm512_set1_ps(*(p))
+#define LARA_VFMA _mm512_fmadd_ps
+#define LARA_VSTORE _mm512_storeu_ps
+#elif LARA_AVX2
+#define LARA_VREG __m256
+#define LARA_VLOAD _mm256_loadu_ps
+#define LARA_VZERO _mm256_setzero_ps
+#define LARA_VBCAST _mm256_broadcast_ss
+#define LARA_VFMA _mm256_fmadd_ps
+#define LARA_VSTORE _mm256_storeu_ps
+#endif
+
 constexpr int64_t W = Vec::W;
-constexpr int NV_WIDE = static_cast<int>(16 / W);  // 16 columns per micro-tile: 2 AVX2 vectors
+constexpr int NV_WIDE = W == 1 ? 16 : 2;  // vectors per micro-tile row: 16 columns (AVX2), 32 (AVX-512)
 
 // -- GEMM: C[M, Nc] (+)= A[M, K] B[K, Nc]; A(i, k) = A[i*sa + k*sk] (broadcast), B(k, j) = B[k*ldb + j] --
 // Every C element is one FMA chain over k in order, whatever the tile shape it falls in: the bits of a
@@ -102,28 +168,28 @@ constexpr int NV_WIDE = static_cast<int>(16 / W);  // 16 columns per micro-tile:
 template <int MR, int NV>
 inline void micro(int64_t K, const float* A, int64_t sa, int64_t sk, const float* B, int64_t ldb, float* Cm,
                   int64_t ldc, bool acc) {
-#if LARA_AVX2
+#if LARA_AVX2 || LARA_AVX512
   // Raw registers, fully unrolled: with the Vec wrapper GCC spilled the accumulators every iteration.
-  __m256 c[MR][NV];
+  LARA_VREG c[MR][NV];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j) c[i][j] = acc ? _mm256_loadu_ps(Cm + i * ldc + j * W) : _mm256_setzero_ps();
+    for (int j = 0; j < NV; ++j) c[i][j] = acc ? LARA_VLOAD(Cm + i * ldc + j * W) : LARA_VZERO();
   for (int64_t kk = 0; kk < K; ++kk) {
-    __m256 b[NV];
+    LARA_VREG b[NV];
 #pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j) b[j] = _mm256_loadu_ps(B + kk * ldb + j * W);
+    for (int j = 0; j < NV; ++j) b[j] = LARA_VLOAD(B + kk * ldb + j * W);
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
-      const __m256 a = _mm256_broadcast_ss(A + i * sa + kk * sk);
+      const LARA_VREG a = LARA_VBCAST(A + i * sa + kk * sk);
 #pragma GCC unroll 4
-      for (int j = 0; j < NV; ++j) c[i][j] = _mm256_fmadd_ps(a, b[j], c[i][j]);
+      for (int j = 0; j < NV; ++j) c[i][j] = LARA_VFMA(a, b[j], c[i][j]);
     }
   }
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j) _mm256_storeu_ps(Cm + i * ldc + j * W, c[i][j]);
+    for (int j = 0; j < NV; ++j) LARA_VSTORE(Cm + i * ldc + j * W, c[i][j]);
 #else
   float c[MR][NV];
   for (int i = 0; i < MR; ++i)
@@ -440,64 +506,88 @@ inline int forward(const Args& a, int num_threads, ParallelFor par = nullptr, vo
   const int64_t BH = a.B * a.H, Cp = pl.Cp, D = a.D;
   struct Task { int64_t b, h, i, slot; };
   std::vector<Task> keys, queries;
-  std::vector<int64_t> first_slot(BH + 1, 0);
+  std::vector<int64_t> first_slot(BH + 1, 0), first_key(BH + 1, 0), first_query(BH + 1, 0);
   for (int64_t b = 0; b < a.B; ++b)
     for (int64_t h = 0; h < a.H; ++h) {
       const int64_t bh = b * a.H + h;
       first_slot[bh + 1] = first_slot[bh] + pl.chunks(b);
       for (int64_t i = 0; i < pl.chunks(b); ++i) keys.push_back({b, h, i, first_slot[bh] + i});
       for (int64_t t = 0; t < pl.len[b]; t += QUERY_TASK) queries.push_back({b, h, t, 0});
+      first_key[bh + 1] = static_cast<int64_t>(keys.size());
+      first_query[bh + 1] = static_cast<int64_t>(queries.size());
     }
   pl.part.assign(first_slot[BH] * pl.part_floats, 0.f);
   const int64_t key_scratch = 2 * KEY_TILE * Cp + 3 * KEY_TILE * D + KEY_TILE + 2 * Cp;
   const int64_t query_scratch = QUERY_TILE * 3 * Cp + 2 * QUERY_TILE * D + QUERY_TILE;
   const int64_t scratch_floats = std::max(key_scratch, query_scratch);
-  const int64_t nk = static_cast<int64_t>(keys.size()), nq = static_cast<int64_t>(queries.size());
+  // Heads run in groups whose q, k, v and out fit HEAD_GROUP_BYTES, all four phases per group: phase 3
+  // re-reads q, and with every head's phase 1 first (the whole input, 96 MiB at N = 32K, H = 4, D = 64)
+  // that re-read came from DRAM once the input outgrew the last-level cache. Short inputs still put all
+  // heads in one group (full parallelism). The grouping changes no task's arithmetic: same bits.
+  const int64_t head_bytes = 4 * a.N * D * static_cast<int64_t>(sizeof(float));
+  const int64_t group = std::max<int64_t>(1, HEAD_GROUP_BYTES / std::max<int64_t>(head_bytes, 1));
 
-  auto prepare = [&](int64_t bh) {
+  int64_t g0 = 0, g1 = 0;  // the current group's heads [g0, g1)
+  auto prepare = [&](int64_t j) {
+    const int64_t bh = g0 + j;
     prepare_head(pl, bh / a.H, bh % a.H);
     if (a.mask) zero_padded(pl, bh / a.H, bh % a.H);
   };
-  auto key = [&](int64_t i, float* scratch) {
-    const Task& t = keys[i];
+  auto key = [&](int64_t j, float* scratch) {
+    const Task& t = keys[first_key[g0] + j];
     key_chunk(pl, t.b, t.h, t.i, pl.part.data() + t.slot * pl.part_floats, scratch);
   };
-  auto merge = [&](int64_t bh) {
+  auto merge = [&](int64_t j) {
+    const int64_t bh = g0 + j;
     if (pl.len[bh / a.H] > 0)
       combine(pl, bh / a.H, bh % a.H, pl.part.data() + first_slot[bh] * pl.part_floats,
               first_slot[bh + 1] - first_slot[bh]);
   };
-  // Last key chunks first: their query rows were the last streamed by phase 1 and may still be in
-  // cache (at 32K tokens q alone is 8 MiB per head). The order does not change any result.
+  // Last key chunks first: their query rows were the last streamed by phase 1 and are the likeliest
+  // still in cache. The order does not change any result.
   auto query = [&](int64_t j, float* scratch) {
-    const int64_t i = nq - 1 - j;
-    query_block(pl, queries[i].b, queries[i].h, queries[i].i, scratch);
+    const Task& t = queries[first_query[g1] - 1 - j];
+    query_block(pl, t.b, t.h, t.i, scratch);
   };
 
   if (par != nullptr) {
-    auto key_task = [&](int64_t i) { key(i, thread_scratch(scratch_floats)); };
+    auto key_task = [&](int64_t j) { key(j, thread_scratch(scratch_floats)); };
     auto query_task = [&](int64_t j) { query(j, thread_scratch(scratch_floats)); };
-    run_tasks(par, runner, BH, prepare);
-    run_tasks(par, runner, nk, key_task);
-    run_tasks(par, runner, BH, merge);
-    run_tasks(par, runner, nq, query_task);
+    for (g0 = 0; g0 < BH; g0 = g1) {
+      g1 = std::min(BH, g0 + group);
+      run_tasks(par, runner, g1 - g0, prepare);
+      run_tasks(par, runner, first_key[g1] - first_key[g0], key_task);
+      run_tasks(par, runner, g1 - g0, merge);
+      run_tasks(par, runner, first_query[g1] - first_query[g0], query_task);
+    }
     return 0;
   }
 
+  for (g0 = 0; g0 < BH; g0 = g1) {
+    g1 = std::min(BH, g0 + group);
+    const int64_t nh = g1 - g0, nk = first_key[g1] - first_key[g0], nq = first_query[g1] - first_query[g0];
 #pragma omp parallel num_threads(num_threads)
-  {
-    std::vector<float> scratch(scratch_floats);
+    {
+      std::vector<float> scratch(scratch_floats);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t bh = 0; bh < BH; ++bh) prepare(bh);
+      for (int64_t j = 0; j < nh; ++j) prepare(j);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < nk; ++i) key(i, scratch.data());
+      for (int64_t j = 0; j < nk; ++j) key(j, scratch.data());
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t bh = 0; bh < BH; ++bh) merge(bh);
+      for (int64_t j = 0; j < nh; ++j) merge(j);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t j = 0; j < nq; ++j) query(j, scratch.data());
+      for (int64_t j = 0; j < nq; ++j) query(j, scratch.data());
+    }
   }
   return 0;
 }
 
 }  // namespace LARA_NS
 }  // namespace lara
+
+#undef LARA_VREG
+#undef LARA_VLOAD
+#undef LARA_VZERO
+#undef LARA_VBCAST
+#undef LARA_VFMA
+#undef LARA_VSTORE

@@ -16,7 +16,10 @@ K8S = DEPLOY / "k8s"
 KSERVE = DEPLOY / "kserve" / "inferenceservice.yaml"
 LIVE, READY = "/v2/health/live", "/v2/health/ready"
 # Env variables that are not LARA settings, and why they are allowed.
-FOREIGN_ENV = {"PROTOCOL"}  # KServe: the protocol of a custom predictor container
+FOREIGN_ENV = {
+    "PROTOCOL",  # KServe: the protocol of a custom predictor container
+    "LARA_ORT_LIBRARY",  # the image's prebuilt fused-kernel library, read by kernels/ort_library.py
+}
 
 
 def load(path: Path) -> list[dict[str, Any]]:

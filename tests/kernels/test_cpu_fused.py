@@ -87,6 +87,36 @@ def test_long_sequence_33000_keys():
     assert _max_err(out, ref) <= 2 * _max_err(plain, ref) + FLOOR[torch.float32]
 
 
+@pytest.mark.parametrize("cap", ["", "avx2", "generic"])
+def test_every_isa_variant_matches_the_reference(cap, monkeypatch):
+    """The widest variant the CPU has runs by default (AVX-512 where present); LARA_CPU_ISA caps it. Each
+    one must meet the float64 reference's tolerance on its own."""
+    monkeypatch.setenv("LARA_CPU_ISA", cap)
+    expected = {"generic": "generic", "avx2": "avx2" if _cpu_fused.variant() != "generic" else "generic"}
+    if cap:
+        assert _cpu_fused.variant() == expected[cap]
+    q, k, v, ql, kl = make_inputs(2, 2, 1_500, 64, 49, seed=11)
+    mask = tail_padding([1_500, 700], 1_500)
+    ref = lara_attention_ref(q, k, v, ql, kl, mask, 1.0, None)
+    plain = lara_attention_ref(*(t.float() for t in (q, k, v, ql, kl)), mask, 1.0, None)
+    out = _fused((q, k, v, ql, kl), mask, None)
+    assert _max_err(out, ref) <= 2 * _max_err(plain, ref) + FLOOR[torch.float32]
+
+
+def test_head_groups_of_a_long_batch():
+    """At N = 9,000, D = 64 one head's q, k, v and output (9.2 MB) fill most of the kernel's 16 MiB head-group
+    budget, so the 6 (batch, head) pairs run as 6 groups of all four phases: still the reference's
+    numbers, and each document's bits are the same alone (one group per head) as in the batch."""
+    q, k, v, ql, kl = make_inputs(2, 3, 9_000, 64, 16, seed=4)
+    mask = tail_padding([9_000, 5_000], 9_000)
+    ref = lara_attention_ref(q, k, v, ql, kl, mask, 1.0, None)
+    plain = lara_attention_ref(*(t.float() for t in (q, k, v, ql, kl)), mask, 1.0, None)
+    out = _fused((q, k, v, ql, kl), mask, None)
+    assert _max_err(out, ref) <= 2 * _max_err(plain, ref) + FLOOR[torch.float32]
+    alone = _fused(tuple(t[1:2, :, :5_000] if t.shape[2] == 9_000 else t[1:2] for t in (q, k, v, ql, kl)), None, None)
+    assert torch.equal(alone[0], out[1, :, :5_000])
+
+
 def test_all_padding_gives_zeros_and_garbage_in_padding_is_ignored():
     q, k, v, ql, kl = make_inputs(3, 2, 40, 32, 4, seed=2, dtype=torch.float32)
     mask = tail_padding([40, 0, 17], 40)
