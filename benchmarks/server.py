@@ -37,6 +37,8 @@ from server.testing import server_process  # noqa: E402
 
 def pick_model(args: argparse.Namespace, scratch: Path) -> tuple[Path, str]:
     if not args.synthetic:
+        if (DEFAULT_MODEL_REPOSITORY / args.model / "config.json").is_file():
+            return DEFAULT_MODEL_REPOSITORY, args.model
         for config_path in sorted(DEFAULT_MODEL_REPOSITORY.glob("*/config.json")):
             if json.loads(config_path.read_text()).get("task") == "text":
                 return DEFAULT_MODEL_REPOSITORY, config_path.parent.name
@@ -69,6 +71,7 @@ def load(url: str, model: str, concurrency: int, doc_bytes: int, requests: int, 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--synthetic", action="store_true", help="ignore model_repository/")
+    parser.add_argument("--model", default="lara-text-news", help="text model of model_repository/ (else its first)")
     parser.add_argument("--hidden", type=int, default=256, help="synthetic model's per-token MLP width (0: none)")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--requests", type=int, default=800, help="per measurement")

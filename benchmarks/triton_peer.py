@@ -73,6 +73,8 @@ def serve(args: argparse.Namespace) -> int:
     if args.num_threads:
         options.intra_op_num_threads = args.num_threads
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL  # as server/backends/onnx_runtime.py
+    if args.ort_library:  # the fused LaraAttention kernel, as LARA Serve runs it by default
+        options.register_custom_ops_library(args.ort_library)
     session = ort.InferenceSession(str(args.onnx), sess_options=options, providers=["CPUExecutionProvider"])
     input_names = [i.name for i in session.get_inputs()]
     output_name = session.get_outputs()[0].name
@@ -170,6 +172,8 @@ def triton_peer(python: str, onnx: Path, model: str, args: argparse.Namespace) -
            "--max-batch-size", str(args.max_batch_size),
            "--max-queue-delay-us", str(round(args.max_queue_delay_ms * 1000)),
            "--num-threads", str(args.num_threads)]  # fmt: skip
+    if args.ort_library:
+        cmd += ["--ort-library", args.ort_library]
     with tempfile.TemporaryFile() as log:
         # Own session: on a hung stop, its whole group (tritonserver, the proxy) is killed, nothing else.
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -335,6 +339,7 @@ def main() -> int:
     peer.add_argument("--max-batch-size", type=int, default=32)
     peer.add_argument("--max-queue-delay-us", type=int, default=2000)
     peer.add_argument("--num-threads", type=int, default=0)
+    peer.add_argument("--ort-library", default="", help="custom-op library to register (the fused kernel)")
 
     parser.add_argument(
         "--pytriton-python", default=None, help=f"env PYTRITON_PYTHON; default {DEFAULT_PYTRITON_PYTHON}"
@@ -350,6 +355,10 @@ def main() -> int:
     parser.add_argument("--max-queue-delay-ms", type=float, default=2.0)
     parser.add_argument("--num-threads", type=int, default=0, help="onnxruntime intra-op threads in both (0: default)")
     parser.add_argument("--no-raw", action="store_true", help="skip the LARA raw-text row")
+    parser.add_argument(
+        "--ort-attention", choices=["fused", "body"], default="fused",
+        help="how BOTH servers run LaraAttention: the fused kernel (LARA Serve's default) or the function body",
+    )  # fmt: skip
     parser.add_argument("--start-timeout-s", type=float, default=180.0)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "server_vs_triton.json")
     args = parser.parse_args()
@@ -360,6 +369,13 @@ def main() -> int:
 
     python = resolve_pytriton_python(args.pytriton_python)
     sys.path.insert(0, str(ROOT))
+    args.ort_library = ""
+    if args.ort_attention == "fused":
+        from kernels import ort_library
+
+        if ort_library.library() is None:
+            parser.error(f"--ort-attention fused: {ort_library.unavailable_reason()}")
+        args.ort_library = str(ort_library.library())
     import numpy as np
     import onnxruntime
     import tritonclient.http.aio as aio_client
@@ -402,7 +418,8 @@ def main() -> int:
     triton_metrics = ("nv_inference_request_success", "nv_inference_exec_count")
     flags = ["--max-batch-size", str(args.max_batch_size), "--max-queue-delay-ms", str(args.max_queue_delay_ms),
              "--num-threads", str(args.num_threads), "--log-level", "warning"]  # fmt: skip
-    env = {"LARA_MODEL_REPOSITORY": str(DEFAULT_MODEL_REPOSITORY), "LARA_MODELS": args.model}
+    env = {"LARA_MODEL_REPOSITORY": str(DEFAULT_MODEL_REPOSITORY), "LARA_MODELS": args.model,
+           "LARA_ORT_ATTENTION": args.ort_attention}  # fmt: skip
     cells: dict[str, Any] = {}
     with server_process(flags, env=env) as lara_url, triton_peer(python, onnx, args.model, args) as (triton_url, tm):
         # Both are up (idle) during every measurement, so each sees the same background.
@@ -433,6 +450,8 @@ def main() -> int:
         "client": "tritonclient.http.aio (KServe v2, binary tensor extension), one process, closed loop",
         "batching": {"max_batch_size": args.max_batch_size, "max_queue_delay_ms": args.max_queue_delay_ms},
         "onnxruntime_intra_op_threads": args.num_threads or "library default",
+        "lara_attention": f"{args.ort_attention} in both servers"
+        + (" (kernels.ort_library's custom-op library)" if args.ort_library else " (the ONNX function body)"),
         "lara": {
             "server": "python -m server (FastAPI/uvicorn, token-budget batcher)",
             "onnxruntime": onnxruntime.__version__,
