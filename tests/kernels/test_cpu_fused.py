@@ -76,15 +76,21 @@ def test_reduced_dtypes_compute_in_float32(dtype):
     assert _max_err(out, ref) <= 2 * _max_err(rounded, ref) + FLOOR[dtype]
 
 
+def _fused_near_reference(args, mask):
+    """The kernel's float32 output (eval, lambda 1), checked against the float64 reference."""
+    ref = lara_attention_ref(*args, mask, 1.0, None)
+    plain = lara_attention_ref(*(t.float() for t in args), mask, 1.0, None)
+    out = _fused(args, mask, None)
+    assert _max_err(out, ref) <= 2 * _max_err(plain, ref) + FLOOR[torch.float32]
+    return out
+
+
 def test_long_sequence_33000_keys():
     """Many key chunks and query blocks (N = 33,000 is not a multiple of any tile); kept cheap: B=H=1, D=32."""
     q, k, v, ql, kl = make_inputs(1, 1, 33_000, 32, 16, seed=9)
     ql, kl = chunk_means_1d(q, 16), chunk_means_1d(k, 16)
     mask = tail_padding([32_001], 33_000)
-    ref = lara_attention_ref(q, k, v, ql, kl, mask, 1.0, None)
-    plain = lara_attention_ref(*(t.float() for t in (q, k, v, ql, kl)), mask, 1.0, None)
-    out = _fused((q, k, v, ql, kl), mask, None)
-    assert _max_err(out, ref) <= 2 * _max_err(plain, ref) + FLOOR[torch.float32]
+    _fused_near_reference((q, k, v, ql, kl), mask)
 
 
 @pytest.mark.parametrize("cap", ["", "avx2", "generic"])
@@ -97,10 +103,7 @@ def test_every_isa_variant_matches_the_reference(cap, monkeypatch):
         assert _cpu_fused.variant() == expected[cap]
     q, k, v, ql, kl = make_inputs(2, 2, 1_500, 64, 49, seed=11)
     mask = tail_padding([1_500, 700], 1_500)
-    ref = lara_attention_ref(q, k, v, ql, kl, mask, 1.0, None)
-    plain = lara_attention_ref(*(t.float() for t in (q, k, v, ql, kl)), mask, 1.0, None)
-    out = _fused((q, k, v, ql, kl), mask, None)
-    assert _max_err(out, ref) <= 2 * _max_err(plain, ref) + FLOOR[torch.float32]
+    _fused_near_reference((q, k, v, ql, kl), mask)
 
 
 def test_head_groups_of_a_long_batch():
@@ -109,10 +112,7 @@ def test_head_groups_of_a_long_batch():
     numbers, and each document's bits are the same alone (one group per head) as in the batch."""
     q, k, v, ql, kl = make_inputs(2, 3, 9_000, 64, 16, seed=4)
     mask = tail_padding([9_000, 5_000], 9_000)
-    ref = lara_attention_ref(q, k, v, ql, kl, mask, 1.0, None)
-    plain = lara_attention_ref(*(t.float() for t in (q, k, v, ql, kl)), mask, 1.0, None)
-    out = _fused((q, k, v, ql, kl), mask, None)
-    assert _max_err(out, ref) <= 2 * _max_err(plain, ref) + FLOOR[torch.float32]
+    out = _fused_near_reference((q, k, v, ql, kl), mask)
     alone = _fused(tuple(t[1:2, :, :5_000] if t.shape[2] == 9_000 else t[1:2] for t in (q, k, v, ql, kl)), None, None)
     assert torch.equal(alone[0], out[1, :, :5_000])
 
