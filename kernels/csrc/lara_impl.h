@@ -160,7 +160,9 @@ inline Vec vexp(Vec v) { return {std::exp(v.x)}; }
 #endif
 
 constexpr int64_t W = Vec::W;
-constexpr int NV_WIDE = W == 1 ? 16 : 2;  // vectors per micro-tile row: 16 columns (AVX2), 32 (AVX-512)
+// Vectors per micro-tile row: 16 columns (AVX2: 12 accumulators of 16 registers), 64 (AVX-512: 24 of 32,
+// so each broadcast of A feeds 4 FMAs and the loop is not bound by instruction issue).
+constexpr int NV_WIDE = W == 1 ? 16 : (W == 16 ? 4 : 2);
 
 // -- GEMM: C[M, Nc] (+)= A[M, K] B[K, Nc]; A(i, k) = A[i*sa + k*sk] (broadcast), B(k, j) = B[k*ldb + j] --
 // Every C element is one FMA chain over k in order, whatever the tile shape it falls in: the bits of a
@@ -225,6 +227,8 @@ inline void gemm(int64_t M, int64_t Nc, int64_t K, const float* A, int64_t sa, i
                  int64_t ldb, float* Cm, int64_t ldc, bool acc) {
   int64_t j = 0;
   for (; j + NV_WIDE * W <= Nc; j += NV_WIDE * W) panel<NV_WIDE>(M, K, A, sa, sk, B + j, ldb, Cm + j, ldc, acc);
+  if constexpr (NV_WIDE > 2)
+    for (; j + 2 * W <= Nc; j += 2 * W) panel<2>(M, K, A, sa, sk, B + j, ldb, Cm + j, ldc, acc);
   for (; j + W <= Nc; j += W) panel<1>(M, K, A, sa, sk, B + j, ldb, Cm + j, ldc, acc);
   for (; j < Nc; ++j)  // columns left when Nc is not a multiple of the vector width
     for (int64_t i = 0; i < M; ++i) {
