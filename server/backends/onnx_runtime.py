@@ -7,6 +7,7 @@ which. The kernel is CPU-only: on CUDA the body runs on the GPU.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -79,8 +80,10 @@ def _fused_or_body(options: object, attention: OrtAttention) -> str:
     """Register the fused LaraAttention kernel on `options`; "fused", or "body" when it cannot be had."""
     try:
         from kernels import ort_library
-    except ImportError:  # an install without the kernels package (the container image)
+    except ImportError:  # an install that copied server/ alone
         why = "the kernels package is not installed"
+        if attention == "auto":
+            warnings.warn(f"{why}; onnxruntime runs LaraAttention's ONNX function body", stacklevel=2)
     else:
         if ort_library.register(options):
             return "fused"
