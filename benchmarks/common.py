@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import json
 import platform
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +14,16 @@ from typing import Any
 import torch
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def shipped_onnx_at(rev: str, model: str) -> bytes:
+    """The bytes of the model.onnx that commit `rev` shipped for `model` (to time today's code against it)."""
+    return subprocess.run(
+        ["git", "show", f"{rev}:model_repository/{model}/1/model.onnx"],
+        cwd=RESULTS.parent.parent,
+        capture_output=True,
+        check=True,
+    ).stdout
 
 
 def median_time(fn: Callable[[], Any], *, min_repeats: int = 3, budget_s: float = 1.0, warmup: int = 1) -> float:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import shutil
 import statistics
-import subprocess
 import tempfile
 import threading
 import time
@@ -32,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.common import environment, markdown_table, write_json
+from benchmarks.common import environment, markdown_table, shipped_onnx_at, write_json
 from model_export.long_docs import make_composites
 from model_export.tasks import text_docs
 from server.testing import server_process
@@ -119,13 +118,7 @@ def measure(url: str, pid: int, model: str, lengths: list[int], repeats: int) ->
 def _repo_at(rev: str, model: str, root: Path) -> Path:
     """A model repository holding `model` as today but with the model.onnx that commit `rev` shipped."""
     shutil.copytree(REPO / model, root / model)
-    blob = subprocess.run(
-        ["git", "show", f"{rev}:model_repository/{model}/1/model.onnx"],
-        cwd=REPO.parent,
-        capture_output=True,
-        check=True,
-    ).stdout
-    (root / model / "1" / "model.onnx").write_bytes(blob)
+    (root / model / "1" / "model.onnx").write_bytes(shipped_onnx_at(rev, model))
     return root
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from benchmarks.common import environment, markdown_table, write_json
+from benchmarks.common import environment, markdown_table, shipped_onnx_at, write_json
 from kernels import ort_library
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,11 +44,8 @@ def session(path: Path, threads: int, fused: bool) -> ort.InferenceSession:
 
 def onnx_at(rev: str, model: str, folder: Path) -> Path:
     """The model.onnx that commit `rev` holds for `model`, written into `folder`."""
-    blob = subprocess.run(
-        ["git", "show", f"{rev}:model_repository/{model}/1/model.onnx"], cwd=ROOT, capture_output=True, check=True
-    ).stdout
     path = folder / f"{model}-{rev}.onnx"
-    path.write_bytes(blob)
+    path.write_bytes(shipped_onnx_at(rev, model))
     return path
 
 

@@ -23,8 +23,8 @@ from typing import Generic, TypeVar
 T = TypeVar("T")
 
 CSRC = Path(__file__).with_name("csrc")
-# Portable on purpose (no -march=native): baseline ISA plus an AVX2/FMA variant chosen at run time
-# inside the source. -fno-math-errno lets exp/sqrt inline; no -ffast-math: the kernel relies on inf.
+# Portable on purpose (no -march=native): baseline ISA plus AVX2/FMA and AVX-512 variants chosen at run
+# time inside the source. -fno-math-errno lets exp/sqrt inline; no -ffast-math: the kernel relies on inf.
 CXXFLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno")
 BUILD_TIMEOUT_S = 300
 

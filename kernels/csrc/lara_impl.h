@@ -30,6 +30,21 @@ constexpr int64_t HEAD_GROUP_BYTES = int64_t{16} << 20;
 constexpr float ALPHA_FLOOR = 1e-8f;  // kernels.reference.ALPHA_FLOOR (spec 5.3)
 constexpr float INF = std::numeric_limits<float>::infinity();
 
+#if LARA_AVX2 || LARA_AVX512
+// Sum and max of 8 lanes in a fixed halving order (128, 64, 32 bits): deterministic like every other
+// reduction here. The AVX-512 variant folds its 16 lanes to 8 first.
+inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+inline float hmax8(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+#endif
+
 #if LARA_AVX512
 struct Vec {
   __m512 x;
@@ -45,18 +60,11 @@ inline Vec operator*(Vec a, Vec b) { return {_mm512_mul_ps(a.x, b.x)}; }
 inline Vec operator/(Vec a, Vec b) { return {_mm512_div_ps(a.x, b.x)}; }
 inline Vec fmadd(Vec a, Vec b, Vec c) { return {_mm512_fmadd_ps(a.x, b.x, c.x)}; }
 inline Vec vmax(Vec a, Vec b) { return {_mm512_max_ps(a.x, b.x)}; }
-// Fixed halving order (256, 128, 64, 32 bits): deterministic like every other reduction here.
 inline float hsum(Vec a) {
-  const __m256 h = _mm256_add_ps(_mm512_extractf32x8_ps(a.x, 0), _mm512_extractf32x8_ps(a.x, 1));
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+  return hsum8(_mm256_add_ps(_mm512_extractf32x8_ps(a.x, 0), _mm512_extractf32x8_ps(a.x, 1)));
 }
 inline float hmax(Vec a) {
-  const __m256 h = _mm256_max_ps(_mm512_extractf32x8_ps(a.x, 0), _mm512_extractf32x8_ps(a.x, 1));
-  __m128 s = _mm_max_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+  return hmax8(_mm256_max_ps(_mm512_extractf32x8_ps(a.x, 0), _mm512_extractf32x8_ps(a.x, 1)));
 }
 // exp on 16 lanes: the AVX2 variant's method and coefficients.
 inline Vec vexp(Vec v) {
@@ -92,16 +100,8 @@ inline Vec operator*(Vec a, Vec b) { return {_mm256_mul_ps(a.x, b.x)}; }
 inline Vec operator/(Vec a, Vec b) { return {_mm256_div_ps(a.x, b.x)}; }
 inline Vec fmadd(Vec a, Vec b, Vec c) { return {_mm256_fmadd_ps(a.x, b.x, c.x)}; }
 inline Vec vmax(Vec a, Vec b) { return {_mm256_max_ps(a.x, b.x)}; }
-inline float hsum(Vec a) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a.x), _mm256_extractf128_ps(a.x, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-inline float hmax(Vec a) {
-  __m128 s = _mm_max_ps(_mm256_castps256_ps128(a.x), _mm256_extractf128_ps(a.x, 1));
-  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
-}
+inline float hsum(Vec a) { return hsum8(a.x); }
+inline float hmax(Vec a) { return hmax8(a.x); }
 // exp on 8 lanes: 2^n * e^r with n = round(x / ln 2), |r| <= ln2 / 2, degree-6 polynomial for e^r
 // (Cephes expf coefficients), ~2 ulp. Below -87.33 (where 2^n leaves the normal range) the result is
 // exactly 0, so -inf gives 0; NaN propagates (the operand order of max/min keeps it).
@@ -510,14 +510,14 @@ inline int forward(const Args& a, int num_threads, ParallelFor par = nullptr, vo
   const int64_t BH = a.B * a.H, Cp = pl.Cp, D = a.D;
   struct Task { int64_t b, h, i, slot; };
   std::vector<Task> keys, queries;
-  std::vector<int64_t> first_slot(BH + 1, 0), first_key(BH + 1, 0), first_query(BH + 1, 0);
+  // first_slot[bh]: the first key chunk (task and partial-result slot) of (b, h); first_query likewise.
+  std::vector<int64_t> first_slot(BH + 1, 0), first_query(BH + 1, 0);
   for (int64_t b = 0; b < a.B; ++b)
     for (int64_t h = 0; h < a.H; ++h) {
       const int64_t bh = b * a.H + h;
       first_slot[bh + 1] = first_slot[bh] + pl.chunks(b);
       for (int64_t i = 0; i < pl.chunks(b); ++i) keys.push_back({b, h, i, first_slot[bh] + i});
       for (int64_t t = 0; t < pl.len[b]; t += QUERY_TASK) queries.push_back({b, h, t, 0});
-      first_key[bh + 1] = static_cast<int64_t>(keys.size());
       first_query[bh + 1] = static_cast<int64_t>(queries.size());
     }
   pl.part.assign(first_slot[BH] * pl.part_floats, 0.f);
@@ -538,7 +538,7 @@ inline int forward(const Args& a, int num_threads, ParallelFor par = nullptr, vo
     if (a.mask) zero_padded(pl, bh / a.H, bh % a.H);
   };
   auto key = [&](int64_t j, float* scratch) {
-    const Task& t = keys[first_key[g0] + j];
+    const Task& t = keys[first_slot[g0] + j];
     key_chunk(pl, t.b, t.h, t.i, pl.part.data() + t.slot * pl.part_floats, scratch);
   };
   auto merge = [&](int64_t j) {
@@ -560,7 +560,7 @@ inline int forward(const Args& a, int num_threads, ParallelFor par = nullptr, vo
     for (g0 = 0; g0 < BH; g0 = g1) {
       g1 = std::min(BH, g0 + group);
       run_tasks(par, runner, g1 - g0, prepare);
-      run_tasks(par, runner, first_key[g1] - first_key[g0], key_task);
+      run_tasks(par, runner, first_slot[g1] - first_slot[g0], key_task);
       run_tasks(par, runner, g1 - g0, merge);
       run_tasks(par, runner, first_query[g1] - first_query[g0], query_task);
     }
@@ -569,7 +569,7 @@ inline int forward(const Args& a, int num_threads, ParallelFor par = nullptr, vo
 
   for (g0 = 0; g0 < BH; g0 = g1) {
     g1 = std::min(BH, g0 + group);
-    const int64_t nh = g1 - g0, nk = first_key[g1] - first_key[g0], nq = first_query[g1] - first_query[g0];
+    const int64_t nh = g1 - g0, nk = first_slot[g1] - first_slot[g0], nq = first_query[g1] - first_query[g0];
 #pragma omp parallel num_threads(num_threads)
     {
       std::vector<float> scratch(scratch_floats);
