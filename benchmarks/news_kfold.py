@@ -60,12 +60,15 @@ def fold_argv(
     recipe: str = RECIPE,
     name: str = "",
     distill: float | None = None,
+    override: str = "{}",
 ) -> list[str]:
     """The training command line of one fold (model_export.train arguments)."""
     runs = paths(budget_min, name)[0]
     argv = ["--model", "lara-text-news", "--fold", f"{fold}/{N_FOLDS}", "--length-mix", recipe, "--epochs", "200"]
     if distill is not None:
         argv += ["--distill", str(distill)]
+    if override != "{}":
+        argv += ["--override", override]
     argv += ["--time-budget", str(budget_min), "--clock", "cpu", "--threads", str(threads), "--seed", str(seed)]
     argv += ["--no-test", "--eval-limit", "20", "--out", str(runs / f"fold-{fold}")]
     return argv + ["--run-dir", str(runs / "ckpt" / f"fold-{fold}")]
@@ -80,12 +83,13 @@ def run_fold(
     recipe: str = RECIPE,
     name: str = "",
     distill: float | None = None,
+    override: str = "{}",
 ) -> dict[str, Any]:
     from model_export import train
     from model_export.hub import load_config, load_pretrained
     from model_export.tasks import fold_split, text_docs
 
-    args = train.parse_args(fold_argv(fold, budget_min, threads, seed, recipe, name, distill))
+    args = train.parse_args(fold_argv(fold, budget_min, threads, seed, recipe, name, distill, override))
     out = Path(args.out)
     done = (out / "config.json").is_file() and load_config(out)["training"].get("time_budget_min") == budget_min
     t0 = time.perf_counter()
@@ -203,13 +207,27 @@ def main(argv: list[str] | None = None) -> None:
         help="train toward a TF-IDF teacher's window probabilities with this weight (model_export.train --distill)",
     )
     p.add_argument(
-        "--name", default="", help="names another recipe's runs and results (required with --length-mix or --distill)"
+        "--override",
+        default="{}",
+        metavar="JSON",
+        help='model config overrides (model_export.train --override), e.g. \'{"ngram_buckets": 32749}\'',
+    )
+    p.add_argument(
+        "--name",
+        default="",
+        help="names another recipe's runs and results (required with --length-mix, --distill or --override)",
     )
     p.add_argument("--against", type=Path, default=None, help="a results JSON to compare with, paired, on shared folds")
     args = p.parse_args(argv)
-    if (args.length_mix != RECIPE or args.distill is not None) and not args.name:
+    try:
+        if not isinstance(json.loads(args.override), dict):
+            raise ValueError("not an object")
+    except ValueError as e:
+        p.error(f"--override {args.override!r}: expected a JSON object of model config fields ({e})")
+    if (args.length_mix != RECIPE or args.distill is not None or args.override != "{}") and not args.name:
         p.error(
-            "another recipe (--length-mix, --distill) needs --name, so its runs and results stay apart from the shipped recipe's"
+            "another recipe (--length-mix, --distill, --override) needs --name, "
+            "so its runs and results stay apart from the shipped recipe's"
         )
     if args.name and not args.name.replace("-", "").replace("_", "").isalnum():
         p.error(f"--name {args.name!r}: use letters, digits, '-' and '_' (it names a folder and a file)")
@@ -223,6 +241,7 @@ def main(argv: list[str] | None = None) -> None:
         "budget_min": args.budget,
         "recipe": f"lara-text-news from scratch, --length-mix '{args.length_mix}'"
         + ("" if args.distill is None else f", --distill {args.distill:g}")
+        + ("" if args.override == "{}" else f", --override '{args.override}'")
         + f", {args.budget:g} min of one core (CPU time, {args.threads} thread) per fold, last weights",
     }
     if args.name:
@@ -239,7 +258,15 @@ def main(argv: list[str] | None = None) -> None:
     runs, out = paths(args.budget, args.name)
     for fold in args.folds:
         row = run_fold(
-            fold, args.budget, args.threads, args.seed, args.score_limit, args.length_mix, args.name, args.distill
+            fold,
+            args.budget,
+            args.threads,
+            args.seed,
+            args.score_limit,
+            args.length_mix,
+            args.name,
+            args.distill,
+            args.override,
         )
         payload = merge_fold_row(out, runs, row, header, summary)
         plot(payload, out.with_suffix(".png"))

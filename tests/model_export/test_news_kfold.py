@@ -96,3 +96,13 @@ def test_distill_recipe_is_named_and_reaches_training(capsys: pytest.CaptureFixt
     with pytest.raises(SystemExit):  # a distilled recipe without a name would mix with the shipped recipe's results
         news_kfold.main(["--folds", "0", "--distill", "0.5"])
     assert "needs --name" in capsys.readouterr().err
+
+
+def test_override_reaches_the_training_command_and_needs_a_name() -> None:
+    argv = news_kfold.fold_argv(0, 65, 1, 1, name="b32k", override='{"ngram_buckets": 32749}')
+    assert argv[argv.index("--override") + 1] == '{"ngram_buckets": 32749}'
+    assert "--override" not in news_kfold.fold_argv(0, 65, 1, 1)  # the shipped recipe passes none
+    with pytest.raises(SystemExit):
+        news_kfold.main(["--folds", "0", "--override", '{"ngram_buckets": 32749}'])  # no --name
+    with pytest.raises(SystemExit):
+        news_kfold.main(["--folds", "0", "--override", "[1]", "--name", "x"])  # not an object
