@@ -82,8 +82,9 @@ inline Vec vexp(Vec v) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
   p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return {_mm512_maskz_mul_ps(static_cast<__mmask16>(~under), p, _mm512_castsi512_ps(e))};
+  // p * 2^n in one instruction (vscalefps; exact, like the AVX2 variant's multiply by a built 2^n, since
+  // 2^n stays normal for n >= -126 after the clamp), zero below the range.
+  return {_mm512_maskz_scalef_ps(static_cast<__mmask16>(~under), p, n)};
 }
 #elif LARA_AVX2
 struct Vec {
@@ -323,25 +324,32 @@ inline void prepare_head(Plan& pl, int64_t b, int64_t h) {
   }
 }
 
-// Online softmax update over one tile S [nb, Cp] per column: running max m, running sum s.
-// Leaves exp(S - m_new) in S when keep_p (needed for F), returns the rescale factor in corr.
-inline void online_update(float* S, int64_t nb, int64_t Cp, float* m, float* s, float* corr, float* tsum) {
+// Online softmax update over one tile S [nb, Cp] per column (plus a per-row offset off[j] when off is
+// given): running max m, running sum s; the rescale factor of earlier tiles goes to corr. With keep_p,
+// exp(S + off - m_new) replaces S (needed for F). One column block at a time, so its running sum stays in
+// a register; each column still sums its rows in order j = 0, 1, ... (the bits do not depend on nb).
+inline void online_update(float* S, const float* off, int64_t nb, int64_t Cp, float* m, float* s, float* corr,
+                          bool keep_p) {
   for (int64_t c = 0; c < Cp; c += W) {
     Vec bm = Vec::set1(-INF);
-    for (int64_t j = 0; j < nb; ++j) bm = vmax(bm, Vec::load(S + j * Cp + c));
+    if (off)
+      for (int64_t j = 0; j < nb; ++j) bm = vmax(bm, Vec::load(S + j * Cp + c) + Vec::set1(off[j]));
+    else
+      for (int64_t j = 0; j < nb; ++j) bm = vmax(bm, Vec::load(S + j * Cp + c));
     const Vec m_old = Vec::load(m + c), m_new = vmax(m_old, bm);
     m_new.store(m + c);
-    vexp(m_old - m_new).store(corr + c);  // m_old = -inf on the first tile: factor 0
-    Vec::set1(0.f).store(tsum + c);
-  }
-  for (int64_t j = 0; j < nb; ++j)
-    for (int64_t c = 0; c < Cp; c += W) {
-      const Vec p = vexp(Vec::load(S + j * Cp + c) - Vec::load(m + c));
-      p.store(S + j * Cp + c);
-      (Vec::load(tsum + c) + p).store(tsum + c);
+    const Vec cr = vexp(m_old - m_new);  // m_old = -inf on the first tile: factor 0
+    cr.store(corr + c);
+    Vec t = Vec::set1(0.f);
+    for (int64_t j = 0; j < nb; ++j) {
+      Vec x = Vec::load(S + j * Cp + c);
+      if (off) x = x + Vec::set1(off[j]);
+      const Vec p = vexp(x - m_new);
+      if (keep_p) p.store(S + j * Cp + c);
+      t = t + p;
     }
-  for (int64_t c = 0; c < Cp; c += W)
-    fmadd(Vec::load(s + c), Vec::load(corr + c), Vec::load(tsum + c)).store(s + c);
+    fmadd(Vec::load(s + c), cr, t).store(s + c);
+  }
 }
 
 // -- phase 1: one key chunk of one (batch, head) --
@@ -354,7 +362,7 @@ inline void key_chunk(Plan& pl, int64_t b, int64_t h, int64_t chunk, float* part
   const float* P = pl.P(bh);
   float *F = part, *m = F + Cp * D, *s = m + Cp, *rm = s + Cp, *rs = rm + Cp;
   float *S = scratch, *R = S + T * Cp, *kb = R + T * Cp, *vb = kb + T * D, *qb = vb + T * D;
-  float *kk = qb + T * D, *corr = kk + T, *tsum = corr + Cp;
+  float *koff = qb + T * D, *corr = koff + T;
   std::fill(F, F + Cp * D, 0.f);
   std::fill(m, m + Cp, -INF);
   std::fill(s, s + Cp, 0.f);
@@ -368,17 +376,16 @@ inline void key_chunk(Plan& pl, int64_t b, int64_t h, int64_t chunk, float* part
     const Plan::Rows qt = pl.rows(qx, a.qs[2], b, t0, nb, qb);
     // -- key logits log xi(k_j, w_c) = scale w_c . k_j - scale/2 |k_j|^2, S [nb, Cp] --
     gemm(nb, Cp, D, kt.p, kt.ld, 1, P, 2 * Cp, S, Cp, false);
-    for (int64_t j = 0; j < nb; ++j) {
+    for (int64_t j = 0; j < nb; ++j) {  // the -scale/2 |k_j|^2 term, added inside online_update
       const float* kj = kt.p + j * kt.ld;
       Vec acc2 = Vec::set1(0.f);
       int64_t d = 0;
       for (; d + W <= D; d += W) acc2 = fmadd(Vec::load(kj + d), Vec::load(kj + d), acc2);
       float sq = hsum(acc2);
       for (; d < D; ++d) sq += kj[d] * kj[d];
-      const Vec off = Vec::set1(-0.5f * pl.scale * sq);
-      for (int64_t c = 0; c < Cp; c += W) (Vec::load(S + j * Cp + c) + off).store(S + j * Cp + c);
+      koff[j] = -0.5f * pl.scale * sq;
     }
-    online_update(S, nb, Cp, m, s, corr, tsum);
+    online_update(S, koff, nb, Cp, m, s, corr, true);
     // -- F_c <- F_c * corr_c + sum_j p_jc v_j --
     for (int64_t c = 0; c < a.C; ++c) {
       const Vec f = Vec::set1(corr[c]);
@@ -389,7 +396,7 @@ inline void key_chunk(Plan& pl, int64_t b, int64_t h, int64_t chunk, float* part
     gemm(a.C, D, nb, S, 1, Cp, vt.p, vt.ld, F, D, true);
     // -- rho's normalizer: running logsumexp over queries of scale q~_c . q_n --
     gemm(nb, Cp, D, qt.p, qt.ld, 1, P + Cp, 2 * Cp, R, Cp, false);
-    online_update(R, nb, Cp, rm, rs, corr, tsum);
+    online_update(R, nullptr, nb, Cp, rm, rs, corr, false);  // only the sums are needed
   }
 }
 
@@ -521,7 +528,7 @@ inline int forward(const Args& a, int num_threads, ParallelFor par = nullptr, vo
       first_query[bh + 1] = static_cast<int64_t>(queries.size());
     }
   pl.part.assign(first_slot[BH] * pl.part_floats, 0.f);
-  const int64_t key_scratch = 2 * KEY_TILE * Cp + 3 * KEY_TILE * D + KEY_TILE + 2 * Cp;
+  const int64_t key_scratch = 2 * KEY_TILE * Cp + 3 * KEY_TILE * D + KEY_TILE + Cp;
   const int64_t query_scratch = QUERY_TILE * 3 * Cp + 2 * QUERY_TILE * D + QUERY_TILE;
   const int64_t scratch_floats = std::max(key_scratch, query_scratch);
   // Heads run in groups whose q, k, v and out fit HEAD_GROUP_BYTES, all four phases per group: phase 3
