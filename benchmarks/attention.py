@@ -9,6 +9,13 @@ kernels/csrc/ when it builds); lara_torch is the blocked PyTorch path it falls b
 
 Shapes follow the issue: B=1, H=4, D=64, C=64 landmarks (chunk means), fp32. Softmax is torch SDPA.
 Speed targets are read as ratios within one run (these machines are shared and noisy).
+
+Memory allocation: by default the process allocates as the server's torch backend does
+(`server.backends.allocator.keep_freed_memory`: glibc serves large blocks from its heap and keeps them),
+so a method's output buffer is reused between calls as it is in serving; with glibc's default, each call's
+32 MiB output at N = 32K (and anything of 32 MiB or more) is a fresh mmap whose pages the kernel faults in
+and zeroes on every call. `--malloc default` measures that instead. The memory probe runs in a fresh child
+process either way.
 """
 
 from __future__ import annotations
@@ -238,7 +245,19 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", help="explicit sequence lengths (overrides the sweep)")
     parser.add_argument("--out", default="attention.json", help="file name under benchmarks/results/")
     parser.add_argument("--methods", nargs="+", help="only these methods (default: all)")
+    parser.add_argument(
+        "--malloc",
+        choices=["server", "default"],
+        default="server",
+        help="server: glibc tuned as the server's torch backend is (keep_freed_memory); default: glibc as is",
+    )
     args = parser.parse_args()
+    if args.malloc == "server":
+        from server.backends.allocator import keep_freed_memory
+
+        reason = keep_freed_memory()
+        if reason:
+            parser.error(f"--malloc server: keep_freed_memory not in effect ({reason}); use --malloc default")
     if args.threads:
         torch.set_num_threads(args.threads)
     sizes = args.sizes or [2**p for p in range(10, 17) if 2**p <= (8192 if args.quick else args.max_n)]
@@ -250,7 +269,8 @@ def main() -> None:
     approx = approximation()
     summary = targets(rows, gflops)
     summary["cpu_time_share_at_8192"] = cpu_time_share()
-    payload = {"config": {"B": B, "H": H, "D": D, "C": C, "dtype": "float32", "sizes": sizes}, "env": environment()}
+    config = {"B": B, "H": H, "D": D, "C": C, "dtype": "float32", "sizes": sizes, "malloc": args.malloc}
+    payload = {"config": config, "env": environment()}
     payload |= {"speed": rows, "approximation": approx, "targets": summary}
     path = write_json(args.out, payload)
     png = RESULTS / args.out.replace(".json", ".png")
