@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> None:
         "--override",
         default="{}",
         metavar="JSON",
-        help='model config overrides (model_export.train --override), e.g. \'{"ngram_buckets": 32749}\'',
+        help="model config overrides (model_export.train --override), e.g. '{\"ngram_buckets\": 32749}'",
     )
     p.add_argument(
         "--name",
