@@ -45,10 +45,11 @@ N_FOLDS = 5
 RECIPE = '{"head_prob": 0.5}'  # the shipped lara-text-news's --length-mix
 
 
-def paths(budget_min: float, name: str = "") -> tuple[Path, Path]:
-    """(runs folder, results JSON) of one experiment: a budget and, for another recipe, its name. Each is
-    separate, so a new run neither retrains over nor drops another experiment's folds."""
-    tag = f"{budget_min:g}min" + (f"-{name}" if name else "")
+def paths(budget_min: float, name: str = "", epochs: int | None = None) -> tuple[Path, Path]:
+    """(runs folder, results JSON) of one experiment: a budget (CPU minutes, or a fixed number of epochs)
+    and, for another recipe, its name. Each is separate, so a new run neither retrains over nor drops
+    another experiment's folds."""
+    tag = (f"{epochs}ep" if epochs else f"{budget_min:g}min") + (f"-{name}" if name else "")
     return RUNS_ROOT / f"news-kfold-{tag}", RESULTS_DIR / f"news_kfold_{tag}.json"
 
 
@@ -61,15 +62,20 @@ def fold_argv(
     name: str = "",
     distill: float | None = None,
     override: str = "{}",
+    epochs: int | None = None,
 ) -> list[str]:
-    """The training command line of one fold (model_export.train arguments)."""
-    runs = paths(budget_min, name)[0]
-    argv = ["--model", "lara-text-news", "--fold", f"{fold}/{N_FOLDS}", "--length-mix", recipe, "--epochs", "200"]
+    """The training command line of one fold (model_export.train arguments). With `epochs`, the fold trains
+    for exactly that many epochs (schedule over steps) instead of for budget_min CPU-minutes."""
+    runs = paths(budget_min, name, epochs)[0]
+    argv = ["--model", "lara-text-news", "--fold", f"{fold}/{N_FOLDS}", "--length-mix", recipe]
+    argv += ["--epochs", str(epochs or 200)]
     if distill is not None:
         argv += ["--distill", str(distill)]
     if override != "{}":
         argv += ["--override", override]
-    argv += ["--time-budget", str(budget_min), "--clock", "cpu", "--threads", str(threads), "--seed", str(seed)]
+    if not epochs:
+        argv += ["--time-budget", str(budget_min)]
+    argv += ["--clock", "cpu", "--threads", str(threads), "--seed", str(seed)]
     argv += ["--no-test", "--eval-limit", "20", "--out", str(runs / f"fold-{fold}")]
     return argv + ["--run-dir", str(runs / "ckpt" / f"fold-{fold}")]
 
@@ -84,14 +90,19 @@ def run_fold(
     name: str = "",
     distill: float | None = None,
     override: str = "{}",
+    epochs: int | None = None,
 ) -> dict[str, Any]:
     from model_export import train
     from model_export.hub import load_config, load_pretrained
     from model_export.tasks import fold_split, text_docs
 
-    args = train.parse_args(fold_argv(fold, budget_min, threads, seed, recipe, name, distill, override))
+    args = train.parse_args(fold_argv(fold, budget_min, threads, seed, recipe, name, distill, override, epochs))
     out = Path(args.out)
-    done = (out / "config.json").is_file() and load_config(out)["training"].get("time_budget_min") == budget_min
+    trained = load_config(out)["training"] if (out / "config.json").is_file() else {}
+    if epochs:
+        done = trained.get("epochs") == epochs and trained.get("time_budget_min") is None
+    else:
+        done = trained.get("time_budget_min") == budget_min
     t0 = time.perf_counter()
     if not done:
         train.train(args)
@@ -179,7 +190,8 @@ def plot(payload: dict[str, Any], path: Path) -> None:
     g = s[f"gap_{GAP_AT}"]
     ax.set_title(
         f"lara-text-news recipe{' ' + payload['name'] if payload.get('name') else ''}, "
-        f"{payload['budget_min']:g} CPU-min per fold; "
+        + (f"{payload['epochs']} epochs" if payload.get("epochs") else f"{payload['budget_min']:g} CPU-min")
+        + " per fold; "
         f"{len(s['folds'])} of {N_FOLDS} folds, {s['documents']} held-out BBC docs\n"
         f"1 KB gap {g['points']} points (95%: {g['ci95'][0]}-{g['ci95'][1]}); faint lines: folds",
         fontsize=10,
@@ -195,6 +207,12 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--folds", type=int, nargs="+", default=list(range(N_FOLDS)), choices=range(N_FOLDS))
     p.add_argument("--budget", type=float, default=30.0, help="minutes of one core (CPU time) per fold")
+    p.add_argument(
+        "--epochs",
+        type=int,
+        default=None,
+        help="train each fold for exactly this many epochs instead of --budget minutes (independent of machine load)",
+    )
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--score-limit", type=int, default=None, help="score only the first N held-out docs (smoke tests)")
@@ -236,14 +254,21 @@ def main(argv: list[str] | None = None) -> None:
         if not args.against.is_file():
             p.error(f"--against {args.against}: no such results file (e.g. benchmarks/results/news_kfold_65min.json)")
         base_rows = json.loads(args.against.read_text())["rows"]
+    budget_text = (
+        f"{args.epochs} epochs ({args.threads} thread)"
+        if args.epochs
+        else f"{args.budget:g} min of one core (CPU time, {args.threads} thread)"
+    )
     header = {
         "benchmark": "python -m benchmarks.news_kfold",
-        "budget_min": args.budget,
+        "budget_min": None if args.epochs else args.budget,
         "recipe": f"lara-text-news from scratch, --length-mix '{args.length_mix}'"
         + ("" if args.distill is None else f", --distill {args.distill:g}")
         + ("" if args.override == "{}" else f", --override '{args.override}'")
-        + f", {args.budget:g} min of one core (CPU time, {args.threads} thread) per fold, last weights",
+        + f", {budget_text} per fold, last weights",
     }
+    if args.epochs:
+        header["epochs"] = args.epochs
     if args.name:
         header["name"] = args.name  # another recipe: its plot's title says which
     if args.against is not None:
@@ -255,7 +280,9 @@ def main(argv: list[str] | None = None) -> None:
             out["against"] = compare(rows, base_rows)
         return out
 
-    runs, out = paths(args.budget, args.name)
+    if args.epochs is not None and args.epochs < 1:
+        p.error(f"--epochs {args.epochs}: expected a whole number of epochs >= 1")
+    runs, out = paths(args.budget, args.name, args.epochs)
     for fold in args.folds:
         row = run_fold(
             fold,
@@ -267,6 +294,7 @@ def main(argv: list[str] | None = None) -> None:
             args.name,
             args.distill,
             args.override,
+            args.epochs,
         )
         payload = merge_fold_row(out, runs, row, header, summary)
         plot(payload, out.with_suffix(".png"))

@@ -106,3 +106,16 @@ def test_override_reaches_the_training_command_and_needs_a_name() -> None:
         news_kfold.main(["--folds", "0", "--override", '{"ngram_buckets": 32749}'])  # no --name
     with pytest.raises(SystemExit):
         news_kfold.main(["--folds", "0", "--override", "[1]", "--name", "x"])  # not an object
+
+
+def test_fixed_epochs_replace_the_time_budget_and_name_their_own_files(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = news_kfold.fold_argv(1, 65, 1, 1, name="b32k", epochs=13)
+    assert argv[argv.index("--epochs") + 1] == "13" and "--time-budget" not in argv
+    assert "news-kfold-13ep-b32k" in " ".join(argv)  # apart from the 65-minute runs of the same recipe
+    timed = news_kfold.fold_argv(1, 65, 1, 1, name="b32k")
+    assert timed[timed.index("--time-budget") + 1] == "65" and timed[timed.index("--epochs") + 1] == "200"
+    runs, results = news_kfold.paths(65, "b32k", epochs=13)
+    assert runs.name == "news-kfold-13ep-b32k" and results.name == "news_kfold_13ep-b32k.json"
+    with pytest.raises(SystemExit):
+        news_kfold.main(["--folds", "0", "--epochs", "0"])
+    assert "--epochs 0" in capsys.readouterr().err
