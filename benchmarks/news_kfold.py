@@ -63,6 +63,7 @@ def fold_argv(
     distill: float | None = None,
     override: str = "{}",
     epochs: int | None = None,
+    resume: bool = False,
 ) -> list[str]:
     """The training command line of one fold (model_export.train arguments). With `epochs`, the fold trains
     for exactly that many epochs (schedule over steps) instead of for budget_min CPU-minutes."""
@@ -77,7 +78,7 @@ def fold_argv(
         argv += ["--time-budget", str(budget_min)]
     argv += ["--clock", "cpu", "--threads", str(threads), "--seed", str(seed)]
     argv += ["--no-test", "--eval-limit", "20", "--out", str(runs / f"fold-{fold}")]
-    return argv + ["--run-dir", str(runs / "ckpt" / f"fold-{fold}")]
+    return argv + ["--run-dir", str(runs / "ckpt" / f"fold-{fold}")] + (["--resume"] if resume else [])
 
 
 def run_fold(
@@ -91,13 +92,15 @@ def run_fold(
     distill: float | None = None,
     override: str = "{}",
     epochs: int | None = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
     from model_export import train
     from model_export.hub import load_config, load_pretrained
     from model_export.tasks import fold_split, text_docs
 
-    args = train.parse_args(fold_argv(fold, budget_min, threads, seed, recipe, name, distill, override, epochs))
+    args = train.parse_args(fold_argv(fold, budget_min, threads, seed, recipe, name, distill, override, epochs, resume))
     out = Path(args.out)
+    resumed = resume and (Path(args.run_dir) / "state.json").is_file()
     trained = load_config(out)["training"] if (out / "config.json").is_file() else {}
     if epochs:
         done = trained.get("epochs") == epochs and trained.get("time_budget_min") is None
@@ -123,6 +126,8 @@ def run_fold(
     }
     if not done:  # a fold scored again keeps its training call's wall time (merge_fold_row)
         row["wall_time_s"] = round(time.perf_counter() - t0, 1)
+        if resumed:  # that wall time covers only the epochs after the checkpoint
+            row["resumed"] = True
     return row
 
 
@@ -235,6 +240,11 @@ def main(argv: list[str] | None = None) -> None:
         default="",
         help="names another recipe's runs and results (required with --length-mix, --distill or --override)",
     )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue an interrupted fold from its last finished epoch (its checkpoint under the runs folder)",
+    )
     p.add_argument("--against", type=Path, default=None, help="a results JSON to compare with, paired, on shared folds")
     args = p.parse_args(argv)
     try:
@@ -295,6 +305,7 @@ def main(argv: list[str] | None = None) -> None:
             args.distill,
             args.override,
             args.epochs,
+            args.resume,
         )
         payload = merge_fold_row(out, runs, row, header, summary)
         plot(payload, out.with_suffix(".png"))

@@ -114,6 +114,9 @@ def test_fixed_epochs_replace_the_time_budget_and_name_their_own_files(capsys: p
     assert "news-kfold-13ep-b32k" in " ".join(argv)  # apart from the 65-minute runs of the same recipe
     timed = news_kfold.fold_argv(1, 65, 1, 1, name="b32k")
     assert timed[timed.index("--time-budget") + 1] == "65" and timed[timed.index("--epochs") + 1] == "200"
+    resumed = news_kfold.fold_argv(1, 65, 1, 1, name="b32k", epochs=13, resume=True)
+    assert resumed == [*argv, "--resume"]  # an interrupted fold continues from its checkpoint (run-dir)
+    assert "--resume" not in argv
     runs, results = news_kfold.paths(65, "b32k", epochs=13)
     assert runs.name == "news-kfold-13ep-b32k" and results.name == "news_kfold_13ep-b32k.json"
     with pytest.raises(SystemExit):
