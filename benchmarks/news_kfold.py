@@ -193,10 +193,9 @@ def plot(payload: dict[str, Any], path: Path) -> None:
     ax.set_xlabel("bytes given to the model")
     ax.set_ylabel("held-out accuracy (%)")
     g = s[f"gap_{GAP_AT}"]
+    budget = f"{payload['epochs']} epochs" if payload.get("epochs") else f"{payload['budget_min']:g} CPU-min"
     ax.set_title(
-        f"lara-text-news recipe{' ' + payload['name'] if payload.get('name') else ''}, "
-        + (f"{payload['epochs']} epochs" if payload.get("epochs") else f"{payload['budget_min']:g} CPU-min")
-        + " per fold; "
+        f"lara-text-news recipe{' ' + payload['name'] if payload.get('name') else ''}, {budget} per fold; "
         f"{len(s['folds'])} of {N_FOLDS} folds, {s['documents']} held-out BBC docs\n"
         f"1 KB gap {g['points']} points (95%: {g['ci95'][0]}-{g['ci95'][1]}); faint lines: folds",
         fontsize=10,
@@ -247,6 +246,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--against", type=Path, default=None, help="a results JSON to compare with, paired, on shared folds")
     args = p.parse_args(argv)
+    if args.epochs is not None and args.epochs < 1:
+        p.error(f"--epochs {args.epochs}: expected a whole number of epochs >= 1")
     try:
         if not isinstance(json.loads(args.override), dict):
             raise ValueError("not an object")
@@ -290,8 +291,6 @@ def main(argv: list[str] | None = None) -> None:
             out["against"] = compare(rows, base_rows)
         return out
 
-    if args.epochs is not None and args.epochs < 1:
-        p.error(f"--epochs {args.epochs}: expected a whole number of epochs >= 1")
     runs, out = paths(args.budget, args.name, args.epochs)
     for fold in args.folds:
         row = run_fold(
