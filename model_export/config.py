@@ -64,6 +64,9 @@ class TextConfig:
     mlp_ratio: float = 2.0
     ngram_buckets: int = 0  # >0: hashed byte n-gram embeddings (ngram_orders) added at every position
     ngram_orders: tuple[int, ...] = (2, 3, 4)
+    # >0: the n-gram table holds ngram_dim-wide rows and one bias-free Linear maps their sum to dim
+    # (factorized, ALBERT-style): more buckets, so fewer colliding n-grams, for the same parameters.
+    ngram_dim: int = 0
     # "sinusoidal": absolute positions (do not extrapolate past the trained length);
     # "conv": a masked depthwise Conv1d over the embeddings, relative and length-free (CPVT-style).
     positions: Literal["sinusoidal", "conv"] = "sinusoidal"

@@ -38,13 +38,23 @@ class NgramEmbedding(nn.Module):
     document's n-grams never depend on how much padding surrounds it.
     """
 
-    def __init__(self, buckets: int, orders: tuple[int, ...], dim: int) -> None:
+    def __init__(self, buckets: int, orders: tuple[int, ...], dim: int, table_dim: int = 0) -> None:
         super().__init__()
         if not orders or any(not 1 <= n <= MAX_ORDER for n in orders):
             raise ValueError(f"ngram_orders must be integers in 1..{MAX_ORDER} (exact int64 hashing), got {orders}")
+        if table_dim < 0:
+            raise ValueError(f"ngram_dim must be 0 (rows as wide as the model) or positive, got {table_dim}")
         self.buckets = buckets
         self.orders = orders
-        self.table = nn.Embedding(buckets, dim)
+        self.table = nn.Embedding(buckets, table_dim or dim)
+        # Factorized: the orders' rows are summed in the narrow space, then projected once.
+        self.proj = nn.Linear(table_dim, dim, bias=False) if table_dim else None
+
+    def reset_parameters(self, std: float) -> None:
+        """Rows ~ N(0, std); a projection keeps the output's scale at std (unit-gain: N(0, 1/table_dim))."""
+        nn.init.normal_(self.table.weight, std=std)
+        if self.proj is not None:
+            nn.init.normal_(self.proj.weight, std=self.proj.in_features**-0.5)
 
     def forward(self, ids: Tensor) -> Tensor:
         n_max = max(self.orders)
@@ -57,8 +67,8 @@ class NgramEmbedding(nn.Module):
             h = h + shifted * _BASE**back  # [B, N]
             if back + 1 in self.orders:
                 bucket = (h + (back + 1) * _ORDER_SALT) % self.buckets
-                out = out + self.table(bucket)  # [B, N, D]
-        return out
+                out = out + self.table(bucket)  # [B, N, D] (D = table_dim when factorized)
+        return out if self.proj is None else self.proj(out)  # [B, N, dim]
 
 
 class ConvPositions(nn.Module):
@@ -87,7 +97,9 @@ class TextEncoder(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.dim, padding_idx=0)
-        self.ngrams = NgramEmbedding(cfg.ngram_buckets, cfg.ngram_orders, cfg.dim) if cfg.ngram_buckets else None
+        self.ngrams = (
+            NgramEmbedding(cfg.ngram_buckets, cfg.ngram_orders, cfg.dim, cfg.ngram_dim) if cfg.ngram_buckets else None
+        )
         self.pos_conv = ConvPositions(cfg.dim, cfg.conv_kernel) if cfg.positions == "conv" else None
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(
@@ -99,7 +111,7 @@ class TextEncoder(nn.Module):
         init_weights(self)
         nn.init.normal_(self.embed.weight, std=0.02)
         if self.ngrams is not None:
-            nn.init.normal_(self.ngrams.table.weight, std=0.02)
+            self.ngrams.reset_parameters(std=0.02)
 
     def forward_features(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         if not tracing() and input_ids.is_cpu and input_ids.shape[1] < MIN_ROWS:

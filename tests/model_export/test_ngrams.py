@@ -44,3 +44,44 @@ def test_a_documents_ngrams_ignore_padding_and_batch_neighbours() -> None:
 def test_orders_out_of_range_are_refused(orders: tuple[int, ...]) -> None:
     with pytest.raises(ValueError, match=r"ngram_orders must be integers in 1\.\.7"):
         NgramEmbedding(1009, orders, 8)
+
+
+def test_a_factorized_table_projects_the_sum_of_its_narrow_rows() -> None:
+    torch.manual_seed(1)
+    wide, narrow = 32, 8
+    emb = NgramEmbedding(1009, (2, 3), wide, table_dim=narrow)
+    emb.reset_parameters(std=0.02)
+    ids = torch.randint(1, 257, (2, 300))
+    # The same table read as a plain (unprojected) embedding gives the narrow sums; the projection maps them.
+    plain = NgramEmbedding(1009, (2, 3), narrow)
+    plain.table.weight = emb.table.weight
+    torch.testing.assert_close(emb(ids), plain(ids) @ emb.proj.weight.T, rtol=1e-6, atol=1e-7)
+    assert emb.table.weight.shape == (1009, narrow) and emb(ids).shape == (2, 300, wide)
+    # Init keeps the output at the unfactorized table's scale (two orders of N(0, 0.02) rows: std 0.028).
+    assert 0.02 < emb(ids).std().item() < 0.04
+
+
+def test_a_negative_table_width_is_refused() -> None:
+    with pytest.raises(ValueError, match="ngram_dim must be 0"):
+        NgramEmbedding(1009, (2, 3), 8, table_dim=-1)
+
+
+def test_a_factorized_model_round_trips_through_save_export_and_load(tmp_path) -> None:
+    """config.json carries ngram_dim; the loaded torch model and the ONNX graph match the trained one."""
+    from model_export import create_model, load_pretrained
+    from model_export import export as ex
+    from model_export.registry import LABELS
+
+    model = create_model("tiny-text", ngram_buckets=211, ngram_dim=6, attention={"eval_noise": "fixed"}).eval()
+    model_dir = tmp_path / "tiny-text"
+    conf = ex.make_config_dict("tiny-text", model.cfg, LABELS["tiny-text"], seed=0, metrics={})
+    ex.save_pretrained(model, conf, model_dir)
+    ex.export_model_dir(model_dir)
+    loaded = load_pretrained(model_dir)
+    assert loaded.cfg.ngram_dim == 6 and loaded.ngrams.table.weight.shape == (211, 6)
+    ids = torch.randint(1, 257, (3, 120))
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids, mask), model(ids, mask), rtol=0, atol=0)
+    rows = ex.measure_parity(loaded, loaded.cfg, ex.make_session(model_dir / "1" / ex.ONNX_FILE))
+    assert rows and all(r["max_abs_diff"] <= ex.PARITY_ATOL and r["argmax_equal"] for r in rows), rows
