@@ -75,8 +75,11 @@ def reseed_noise(model: nn.Module, seed: int, epoch: int) -> None:
 def _save_ckpt(ckpt: Path, model: nn.Module, opt: torch.optim.Optimizer, sched: Any, state: dict) -> None:
     ckpt.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(ckpt / "model.safetensors"))
-    # Optimizer state is pickled ONLY here, in the resume checkpoint outside the repository.
-    torch.save({"opt": opt.state_dict(), "sched": sched.state_dict()}, ckpt / "optim.pt")
+    # Optimizer state is pickled ONLY here, in the resume checkpoint outside the repository. The global
+    # RNG (dropout, drop-path) goes with it, so a resumed run draws what the uninterrupted run would have.
+    torch.save(
+        {"opt": opt.state_dict(), "sched": sched.state_dict(), "torch_rng": torch.get_rng_state()}, ckpt / "optim.pt"
+    )
     (ckpt / "state.json").write_text(json.dumps(state, indent=2))
 
 
@@ -253,6 +256,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         o = torch.load(ckpt / "optim.pt", weights_only=True)
         opt.load_state_dict(o["opt"])
         sched.load_state_dict(o["sched"])
+        if "torch_rng" in o:  # checkpoints written before it was saved resume statistically, not bitwise
+            torch.set_rng_state(o["torch_rng"])
         state = json.loads((ckpt / "state.json").read_text())
         print(f"resumed from {ckpt} at epoch {state['epoch']}", flush=True)
 

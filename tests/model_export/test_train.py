@@ -62,6 +62,34 @@ def test_train_cli_writes_artifact_and_resumes(tmp_path, fashion_test):
     assert model.cfg == me.load_pretrained(out).cfg
 
 
+def test_a_resumed_run_ends_bitwise_where_an_uninterrupted_one_does(tmp_path, fashion_test, monkeypatch):
+    """Drop-path (block 2 of 2) draws from torch's global RNG; the checkpoint carries it, so resuming changes nothing."""
+    argv = ["--model", "tiny-vit", "--epochs", "2", "--limit", "64", "--batch-size", "16", "--eval-limit", "16"]
+    argv += ["--no-test", "--threads", "1", "--override", '{"drop_path": 0.3, "depth": 2}']
+
+    def weights(name: str, *extra: str) -> dict[str, torch.Tensor]:
+        run = ["--out", str(tmp_path / name), "--run-dir", str(tmp_path / f"ckpt-{name}")]
+        train.train(train.parse_args([*argv, *run, *extra]))
+        return me.load_pretrained(tmp_path / name).state_dict()
+
+    straight = weights("straight")
+    save = train._save_ckpt
+
+    def save_then_die(*args, **kwargs):  # the process is killed right after its first epoch's checkpoint
+        save(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train, "_save_ckpt", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        weights("halted")
+    monkeypatch.setattr(train, "_save_ckpt", save)
+    torch.manual_seed(1234)  # whatever a new process draws before resuming must not reach the resumed epoch
+    resumed = weights("halted", "--resume")
+    assert straight.keys() == resumed.keys()
+    for k in straight:
+        torch.testing.assert_close(resumed[k], straight[k], rtol=0, atol=0, msg=k)
+
+
 def test_time_budget_on_the_cpu_clock_stops_mid_run(tmp_path, fashion_test):
     budget_min = 0.01  # 0.6 s of this process's CPU time
     argv = ["--model", "tiny-vit", "--epochs", "200", "--limit", "64", "--batch-size", "16", "--eval-limit", "16"]
