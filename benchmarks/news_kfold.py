@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,71 +46,79 @@ N_FOLDS = 5
 RECIPE = '{"head_prob": 0.5}'  # the shipped lara-text-news's --length-mix
 
 
-def paths(budget_min: float, name: str = "", epochs: int | None = None) -> tuple[Path, Path]:
-    """(runs folder, results JSON) of one experiment: a budget (CPU minutes, or a fixed number of epochs)
-    and, for another recipe, its name. Each is separate, so a new run neither retrains over nor drops
-    another experiment's folds."""
-    tag = (f"{epochs}ep" if epochs else f"{budget_min:g}min") + (f"-{name}" if name else "")
-    return RUNS_ROOT / f"news-kfold-{tag}", RESULTS_DIR / f"news_kfold_{tag}.json"
+@dataclass(frozen=True)
+class Recipe:
+    """How every fold is trained (what model_export.train gets besides the fold); defaults = the shipped
+    model's recipe at a 30-minute budget. With `epochs`, each fold trains for exactly that many epochs
+    (schedule over steps) instead of for budget_min CPU-minutes."""
+
+    budget_min: float = 30.0
+    threads: int = 1
+    seed: int = 1
+    length_mix: str = RECIPE
+    name: str = ""  # another recipe's runs and results get their own names
+    distill: float | None = None
+    override: str = "{}"
+    epochs: int | None = None
+
+    @property
+    def tag(self) -> str:
+        return (f"{self.epochs}ep" if self.epochs else f"{self.budget_min:g}min") + (
+            f"-{self.name}" if self.name else ""
+        )
+
+    def paths(self) -> tuple[Path, Path]:
+        """(runs folder, results JSON); each experiment has its own, so a new run neither retrains over
+        nor drops another experiment's folds."""
+        return RUNS_ROOT / f"news-kfold-{self.tag}", RESULTS_DIR / f"news_kfold_{self.tag}.json"
+
+    def argv(self, fold: int, resume: bool = False) -> list[str]:
+        """The training command line of one fold (model_export.train arguments)."""
+        runs = self.paths()[0]
+        argv = ["--model", "lara-text-news", "--fold", f"{fold}/{N_FOLDS}", "--length-mix", self.length_mix]
+        argv += ["--epochs", str(self.epochs or 200)]
+        if self.distill is not None:
+            argv += ["--distill", str(self.distill)]
+        if self.override != "{}":
+            argv += ["--override", self.override]
+        if not self.epochs:
+            argv += ["--time-budget", str(self.budget_min)]
+        argv += ["--clock", "cpu", "--threads", str(self.threads), "--seed", str(self.seed)]
+        argv += ["--no-test", "--eval-limit", "20", "--out", str(runs / f"fold-{fold}")]
+        return argv + ["--run-dir", str(runs / "ckpt" / f"fold-{fold}")] + (["--resume"] if resume else [])
+
+    def describe(self) -> str:
+        """One line for the results header."""
+        length = (
+            f"{self.epochs} epochs ({self.threads} thread)"
+            if self.epochs
+            else f"{self.budget_min:g} min of one core (CPU time, {self.threads} thread)"
+        )
+        return (
+            f"lara-text-news from scratch, --length-mix '{self.length_mix}'"
+            + ("" if self.distill is None else f", --distill {self.distill:g}")
+            + ("" if self.override == "{}" else f", --override '{self.override}'")
+            + f", {length} per fold, last weights"
+        )
 
 
-def fold_argv(
-    fold: int,
-    budget_min: float,
-    threads: int,
-    seed: int,
-    recipe: str = RECIPE,
-    name: str = "",
-    distill: float | None = None,
-    override: str = "{}",
-    epochs: int | None = None,
-    resume: bool = False,
-) -> list[str]:
-    """The training command line of one fold (model_export.train arguments). With `epochs`, the fold trains
-    for exactly that many epochs (schedule over steps) instead of for budget_min CPU-minutes."""
-    runs = paths(budget_min, name, epochs)[0]
-    argv = ["--model", "lara-text-news", "--fold", f"{fold}/{N_FOLDS}", "--length-mix", recipe]
-    argv += ["--epochs", str(epochs or 200)]
-    if distill is not None:
-        argv += ["--distill", str(distill)]
-    if override != "{}":
-        argv += ["--override", override]
-    if not epochs:
-        argv += ["--time-budget", str(budget_min)]
-    argv += ["--clock", "cpu", "--threads", str(threads), "--seed", str(seed)]
-    argv += ["--no-test", "--eval-limit", "20", "--out", str(runs / f"fold-{fold}")]
-    return argv + ["--run-dir", str(runs / "ckpt" / f"fold-{fold}")] + (["--resume"] if resume else [])
-
-
-def run_fold(
-    fold: int,
-    budget_min: float,
-    threads: int,
-    seed: int,
-    score_limit: int | None = None,
-    recipe: str = RECIPE,
-    name: str = "",
-    distill: float | None = None,
-    override: str = "{}",
-    epochs: int | None = None,
-    resume: bool = False,
-) -> dict[str, Any]:
+def run_fold(fold: int, recipe: Recipe, score_limit: int | None = None, resume: bool = False) -> dict[str, Any]:
     from model_export import train
     from model_export.hub import load_config, load_pretrained
     from model_export.tasks import fold_split, text_docs
 
-    args = train.parse_args(fold_argv(fold, budget_min, threads, seed, recipe, name, distill, override, epochs, resume))
+    args = train.parse_args(recipe.argv(fold, resume))
     out = Path(args.out)
     resumed = resume and (Path(args.run_dir) / "state.json").is_file()
     trained = load_config(out)["training"] if (out / "config.json").is_file() else {}
-    if epochs:
-        done = trained.get("epochs") == epochs and trained.get("time_budget_min") is None
+    if recipe.epochs:
+        done = trained.get("epochs") == recipe.epochs and trained.get("time_budget_min") is None
     else:
-        done = trained.get("time_budget_min") == budget_min
+        done = trained.get("time_budget_min") == recipe.budget_min
     t0 = time.perf_counter()
     if not done:
         train.train(args)
-    torch.set_num_threads(threads)
+    torch.set_num_threads(recipe.threads)
     conf = load_config(out)
     texts, labels = text_docs("news", fold_split(fold, N_FOLDS, "test"))
     texts, labels = texts[:score_limit], labels[:score_limit]
@@ -265,18 +274,13 @@ def main(argv: list[str] | None = None) -> None:
         if not args.against.is_file():
             p.error(f"--against {args.against}: no such results file (e.g. benchmarks/results/news_kfold_65min.json)")
         base_rows = json.loads(args.against.read_text())["rows"]
-    budget_text = (
-        f"{args.epochs} epochs ({args.threads} thread)"
-        if args.epochs
-        else f"{args.budget:g} min of one core (CPU time, {args.threads} thread)"
+    recipe = Recipe(
+        args.budget, args.threads, args.seed, args.length_mix, args.name, args.distill, args.override, args.epochs
     )
     header = {
         "benchmark": "python -m benchmarks.news_kfold",
         "budget_min": None if args.epochs else args.budget,
-        "recipe": f"lara-text-news from scratch, --length-mix '{args.length_mix}'"
-        + ("" if args.distill is None else f", --distill {args.distill:g}")
-        + ("" if args.override == "{}" else f", --override '{args.override}'")
-        + f", {budget_text} per fold, last weights",
+        "recipe": recipe.describe(),
     }
     if args.epochs:
         header["epochs"] = args.epochs
@@ -291,21 +295,9 @@ def main(argv: list[str] | None = None) -> None:
             out["against"] = compare(rows, base_rows)
         return out
 
-    runs, out = paths(args.budget, args.name, args.epochs)
+    runs, out = recipe.paths()
     for fold in args.folds:
-        row = run_fold(
-            fold,
-            args.budget,
-            args.threads,
-            args.seed,
-            args.score_limit,
-            args.length_mix,
-            args.name,
-            args.distill,
-            args.override,
-            args.epochs,
-            args.resume,
-        )
+        row = run_fold(fold, recipe, args.score_limit, args.resume)
         payload = merge_fold_row(out, runs, row, header, summary)
         plot(payload, out.with_suffix(".png"))
         print(json.dumps({"fold": fold, "truncation": row["truncation"]}), flush=True)

@@ -90,18 +90,18 @@ def test_paired_gap_difference_by_hand() -> None:
 
 
 def test_distill_recipe_is_named_and_reaches_training(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = news_kfold.fold_argv(0, 65, 1, 1, name="distill50", distill=0.5)
+    argv = news_kfold.Recipe(65, name="distill50", distill=0.5).argv(0)
     assert argv[argv.index("--distill") + 1] == "0.5" and "news-kfold-65min-distill50" in " ".join(argv)
-    assert "--distill" not in news_kfold.fold_argv(0, 65, 1, 1)
+    assert "--distill" not in news_kfold.Recipe(65).argv(0)
     with pytest.raises(SystemExit):  # a distilled recipe without a name would mix with the shipped recipe's results
         news_kfold.main(["--folds", "0", "--distill", "0.5"])
     assert "needs --name" in capsys.readouterr().err
 
 
 def test_override_reaches_the_training_command_and_needs_a_name() -> None:
-    argv = news_kfold.fold_argv(0, 65, 1, 1, name="b32k", override='{"ngram_buckets": 32749}')
+    argv = news_kfold.Recipe(65, name="b32k", override='{"ngram_buckets": 32749}').argv(0)
     assert argv[argv.index("--override") + 1] == '{"ngram_buckets": 32749}'
-    assert "--override" not in news_kfold.fold_argv(0, 65, 1, 1)  # the shipped recipe passes none
+    assert "--override" not in news_kfold.Recipe(65).argv(0)  # the shipped recipe passes none
     with pytest.raises(SystemExit):
         news_kfold.main(["--folds", "0", "--override", '{"ngram_buckets": 32749}'])  # no --name
     with pytest.raises(SystemExit):
@@ -109,15 +109,15 @@ def test_override_reaches_the_training_command_and_needs_a_name() -> None:
 
 
 def test_fixed_epochs_replace_the_time_budget_and_name_their_own_files(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = news_kfold.fold_argv(1, 65, 1, 1, name="b32k", epochs=13)
+    argv = news_kfold.Recipe(65, name="b32k", epochs=13).argv(1)
     assert argv[argv.index("--epochs") + 1] == "13" and "--time-budget" not in argv
     assert "news-kfold-13ep-b32k" in " ".join(argv)  # apart from the 65-minute runs of the same recipe
-    timed = news_kfold.fold_argv(1, 65, 1, 1, name="b32k")
+    timed = news_kfold.Recipe(65, name="b32k").argv(1)
     assert timed[timed.index("--time-budget") + 1] == "65" and timed[timed.index("--epochs") + 1] == "200"
-    resumed = news_kfold.fold_argv(1, 65, 1, 1, name="b32k", epochs=13, resume=True)
+    resumed = news_kfold.Recipe(65, name="b32k", epochs=13).argv(1, resume=True)
     assert resumed == [*argv, "--resume"]  # an interrupted fold continues from its checkpoint (run-dir)
     assert "--resume" not in argv
-    runs, results = news_kfold.paths(65, "b32k", epochs=13)
+    runs, results = news_kfold.Recipe(65, name="b32k", epochs=13).paths()
     assert runs.name == "news-kfold-13ep-b32k" and results.name == "news_kfold_13ep-b32k.json"
     with pytest.raises(SystemExit):
         news_kfold.main(["--folds", "0", "--epochs", "0"])
