@@ -191,9 +191,10 @@ def plot(payload: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for r in payload["rows"]:
+    for i, r in enumerate(payload["rows"]):
         xs = [int(k) for k in r["truncation"] if k != "full"]
-        ax.plot(xs, [100 * r["truncation"][str(x)] for x in xs], ".-", color="tab:blue", alpha=0.3, lw=1)
+        ys = [100 * r["truncation"][str(x)] for x in xs]
+        ax.plot(xs, ys, ".-", color="tab:blue", alpha=0.3, lw=1, label="folds: first n bytes" if i == 0 else None)
     s = payload["summary"]
     xs = [int(k) for k in s["truncation"] if k != "full"]
     ax.plot(xs, [100 * s["truncation"][str(x)] for x in xs], "o-", color="tab:blue", label="pooled: first n bytes")
@@ -204,9 +205,9 @@ def plot(payload: dict[str, Any], path: Path) -> None:
     g = s[f"gap_{GAP_AT}"]
     budget = f"{payload['epochs']} epochs" if payload.get("epochs") else f"{payload['budget_min']:g} CPU-min"
     ax.set_title(
-        f"lara-text-news recipe{' ' + payload['name'] if payload.get('name') else ''}, {budget} per fold; "
-        f"{len(s['folds'])} of {N_FOLDS} folds, {s['documents']} held-out BBC docs\n"
-        f"1 KB gap {g['points']} points (95%: {g['ci95'][0]}-{g['ci95'][1]}); faint lines: folds",
+        f"lara-text-news recipe{' ' + payload['name'] if payload.get('name') else ''}, {budget} per fold\n"
+        f"{len(s['folds'])} of {N_FOLDS} folds, {s['documents']} held-out BBC docs; "
+        f"1 KB gap {g['points']} points (95%: {g['ci95'][0]}-{g['ci95'][1]})",
         fontsize=10,
     )
     ax.grid(True, alpha=0.3)
