@@ -16,10 +16,10 @@ warmup+cosine fitted to --budget minutes of one core, CPU clock, so folds runnin
 comparable; the shipped model had 65 minutes), then its last weights are scored on fold K at every cut.
 Nothing is selected on the held-out fold.
 
-Rows merge into benchmarks/results/news_kfold_<budget>min[-<name>].json after every fold (folds may run
-as parallel processes); each row keeps its per-document results, so the summary pools all held-out
-documents. A fold whose
-artifact exists at the same budget is scored again, not retrained. With --against, the summary also
+Rows merge into benchmarks/results/news_kfold_<budget>min[-<name>].json (<N>ep with --epochs) after
+every fold (folds may run as parallel processes); each row keeps its per-document results, so the summary
+pools all held-out documents. A fold whose artifact exists at the same budget (or epochs) is scored
+again, not retrained. With --against, the summary also
 compares this recipe with another results file on the folds both ran: the change in the pooled 1 KB
 gap, with an interval from resampling the shared documents together for both recipes.
 """
