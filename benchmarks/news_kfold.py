@@ -276,7 +276,14 @@ def main(argv: list[str] | None = None) -> None:
             p.error(f"--against {args.against}: no such results file (e.g. benchmarks/results/news_kfold_65min.json)")
         base_rows = json.loads(args.against.read_text())["rows"]
     recipe = Recipe(
-        args.budget, args.threads, args.seed, args.length_mix, args.name, args.distill, args.override, args.epochs
+        budget_min=args.budget,
+        threads=args.threads,
+        seed=args.seed,
+        length_mix=args.length_mix,
+        name=args.name,
+        distill=args.distill,
+        override=args.override,
+        epochs=args.epochs,
     )
     header = {
         "benchmark": "python -m benchmarks.news_kfold",
