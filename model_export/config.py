@@ -67,6 +67,10 @@ class TextConfig:
     # >0: the n-gram table holds ngram_dim-wide rows and one bias-free Linear maps their sum to dim
     # (factorized, ALBERT-style): more buckets, so fewer colliding n-grams, for the same parameters.
     ngram_dim: int = 0
+    # >0: hashed whole-word embeddings (ASCII letters/digits, case-folded), one row added at each word's
+    # last byte; word_dim > 0 factorizes that table as ngram_dim does the n-gram one.
+    word_buckets: int = 0
+    word_dim: int = 0
     # "sinusoidal": absolute positions (do not extrapolate past the trained length);
     # "conv": a masked depthwise Conv1d over the embeddings, relative and length-free (CPVT-style).
     positions: Literal["sinusoidal", "conv"] = "sinusoidal"

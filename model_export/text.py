@@ -1,4 +1,4 @@
-"""Byte-level text encoder: byte (+ hashed n-gram) embeddings, positions, masked mean pooling.
+"""Byte-level text encoder: byte (+ hashed n-gram and word) embeddings, positions, masked mean pooling.
 
 Positions are either sinusoidal (absolute; accuracy falls past the trained length) or a masked depthwise
 convolution (relative, so the same weights read a 64 KB document as they read a 1 KB one).
@@ -71,6 +71,61 @@ class NgramEmbedding(nn.Module):
         return out if self.proj is None else self.proj(out)  # [B, N, dim]
 
 
+# Whole words: runs of ASCII letters and digits, letters case-folded, hashed by a polynomial code kept
+# modulo a prime below 2**31 at every step, so no word length can wrap int64; words longer than
+# WORD_MAX_BYTES are hashed by their last WORD_MAX_BYTES bytes.
+_WORD_MOD = 2_147_483_647
+WORD_MAX_BYTES = 16
+
+
+def word_chars(ids: Tensor) -> tuple[Tensor, Tensor]:
+    """ids (byte + 1, 0 = pad) [B, N] -> (is a word byte [B, N] bool, case-folded code [B, N] int64, 0 elsewhere)."""
+    b = ids - 1
+    upper = (b >= 65) & (b <= 90)
+    is_word = upper | ((b >= 97) & (b <= 122)) | ((b >= 48) & (b <= 57))
+    folded = (ids + upper.long() * 32) * is_word.long()  # 'A' -> 'a'; non-word bytes -> 0
+    return is_word, folded
+
+
+class WordEmbedding(nn.Module):
+    """fastText-style hashed whole words: one table row per word, added at the word's last byte only.
+
+    A word ends where the next byte is not a word byte (or the document ends), so its row depends on the
+    document's own bytes only, never on padding; a word cut by truncation is hashed as the part kept.
+    """
+
+    def __init__(self, buckets: int, dim: int, table_dim: int = 0) -> None:
+        super().__init__()
+        if buckets < 1:
+            raise ValueError(f"word_buckets must be positive, got {buckets}")
+        if table_dim < 0:
+            raise ValueError(f"word_dim must be 0 (rows as wide as the model) or positive, got {table_dim}")
+        self.buckets = buckets
+        self.table = nn.Embedding(buckets, table_dim or dim)
+        self.proj = nn.Linear(table_dim, dim, bias=False) if table_dim else None
+
+    def reset_parameters(self, std: float) -> None:
+        nn.init.normal_(self.table.weight, std=std)
+        if self.proj is not None:
+            nn.init.normal_(self.proj.weight, std=self.proj.in_features**-0.5)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        is_word, code = word_chars(ids)  # [B, N] each
+        n, w = ids.shape[1], WORD_MAX_BYTES
+        code_p = nn.functional.pad(code, (w - 1, 0))  # [B, N + w - 1]
+        word_p = nn.functional.pad(is_word.long(), (w - 1, 0))
+        run = torch.ones_like(ids)  # 1 while bytes i-back..i are all word bytes
+        h = torch.zeros_like(ids)
+        for back in range(w):
+            run = run * word_p[:, w - 1 - back : w - 1 - back + n]
+            coef = pow(_BASE, back, _WORD_MOD)
+            h = (h + code_p[:, w - 1 - back : w - 1 - back + n] * run * coef) % _WORD_MOD  # < 2**31 * 2**9
+        next_word = nn.functional.pad(is_word.long()[:, 1:], (0, 1))  # [B, N], 0 past the end
+        end = is_word.long() * (1 - next_word)  # [B, N] 1 at a word's last byte
+        rows = self.table(h % self.buckets) * end[..., None].to(self.table.weight.dtype)  # [B, N, D']
+        return rows if self.proj is None else self.proj(rows)  # [B, N, dim]
+
+
 class ConvPositions(nn.Module):
     """x + DWConv1d(x) over real tokens only: pads are zeroed first, so a document's output does not
     depend on the padding beside it, and the kernel sees the same zeros at a document's ends either way."""
@@ -100,6 +155,7 @@ class TextEncoder(nn.Module):
         self.ngrams = (
             NgramEmbedding(cfg.ngram_buckets, cfg.ngram_orders, cfg.dim, cfg.ngram_dim) if cfg.ngram_buckets else None
         )
+        self.words = WordEmbedding(cfg.word_buckets, cfg.dim, cfg.word_dim) if cfg.word_buckets else None
         self.pos_conv = ConvPositions(cfg.dim, cfg.conv_kernel) if cfg.positions == "conv" else None
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(
@@ -112,6 +168,8 @@ class TextEncoder(nn.Module):
         nn.init.normal_(self.embed.weight, std=0.02)
         if self.ngrams is not None:
             self.ngrams.reset_parameters(std=0.02)
+        if self.words is not None:
+            self.words.reset_parameters(std=0.02)
 
     def forward_features(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         if not tracing() and input_ids.is_cpu and input_ids.shape[1] < MIN_ROWS:
@@ -128,6 +186,8 @@ class TextEncoder(nn.Module):
         x = self.embed(ids)  # [B, N, D]
         if self.ngrams is not None:
             x = x + self.ngrams(ids)
+        if self.words is not None:
+            x = x + self.words(ids)
         if self.pos_conv is not None:
             x = self.pos_conv(x, valid)
         else:
