@@ -31,23 +31,17 @@ def sinusoidal(positions: Tensor, dim: int) -> Tensor:
     return torch.cat([ang.sin(), ang.cos()], dim=-1)  # [B, N, dim]
 
 
-class NgramEmbedding(nn.Module):
-    """fastText-style hashed n-grams ending at each position, computed from input_ids in the graph.
+class HashedTable(nn.Module):
+    """A table of `buckets` rows, `table_dim` wide and mapped to `dim` by one bias-free Linear when
+    factorized (ALBERT-style: more buckets for the same parameters), else `dim` wide."""
 
-    The n-gram at position i covers ids i-n+1..i; ids before the document start are pad (0), so a
-    document's n-grams never depend on how much padding surrounds it.
-    """
-
-    def __init__(self, buckets: int, orders: tuple[int, ...], dim: int, table_dim: int = 0) -> None:
+    def __init__(self, buckets: int, dim: int, table_dim: int, key: str) -> None:
         super().__init__()
-        if not orders or any(not 1 <= n <= MAX_ORDER for n in orders):
-            raise ValueError(f"ngram_orders must be integers in 1..{MAX_ORDER} (exact int64 hashing), got {orders}")
         if table_dim < 0:
-            raise ValueError(f"ngram_dim must be 0 (rows as wide as the model) or positive, got {table_dim}")
+            raise ValueError(f"{key} must be 0 (rows as wide as the model) or positive, got {table_dim}")
         self.buckets = buckets
-        self.orders = orders
         self.table = nn.Embedding(buckets, table_dim or dim)
-        # Factorized: the orders' rows are summed in the narrow space, then projected once.
+        # Factorized: rows are summed in the narrow space, then projected once.
         self.proj = nn.Linear(table_dim, dim, bias=False) if table_dim else None
 
     def reset_parameters(self, std: float) -> None:
@@ -55,6 +49,24 @@ class NgramEmbedding(nn.Module):
         nn.init.normal_(self.table.weight, std=std)
         if self.proj is not None:
             nn.init.normal_(self.proj.weight, std=self.proj.in_features**-0.5)
+
+    def project(self, rows: Tensor) -> Tensor:
+        """[B, N, table width] -> [B, N, dim]."""
+        return rows if self.proj is None else self.proj(rows)
+
+
+class NgramEmbedding(HashedTable):
+    """fastText-style hashed n-grams ending at each position, computed from input_ids in the graph.
+
+    The n-gram at position i covers ids i-n+1..i; ids before the document start are pad (0), so a
+    document's n-grams never depend on how much padding surrounds it.
+    """
+
+    def __init__(self, buckets: int, orders: tuple[int, ...], dim: int, table_dim: int = 0) -> None:
+        if not orders or any(not 1 <= n <= MAX_ORDER for n in orders):
+            raise ValueError(f"ngram_orders must be integers in 1..{MAX_ORDER} (exact int64 hashing), got {orders}")
+        super().__init__(buckets, dim, table_dim, "ngram_dim")
+        self.orders = orders
 
     def forward(self, ids: Tensor) -> Tensor:
         n_max = max(self.orders)
@@ -68,7 +80,7 @@ class NgramEmbedding(nn.Module):
             if back + 1 in self.orders:
                 bucket = (h + (back + 1) * _ORDER_SALT) % self.buckets
                 out = out + self.table(bucket)  # [B, N, D] (D = table_dim when factorized)
-        return out if self.proj is None else self.proj(out)  # [B, N, dim]
+        return self.project(out)  # [B, N, dim]
 
 
 # Whole words: runs of ASCII letters and digits, letters case-folded, hashed by a polynomial code kept
@@ -87,7 +99,7 @@ def word_chars(ids: Tensor) -> tuple[Tensor, Tensor]:
     return is_word, folded
 
 
-class WordEmbedding(nn.Module):
+class WordEmbedding(HashedTable):
     """fastText-style hashed whole words: one table row per word, added at the word's last byte only.
 
     A word ends where the next byte is not a word byte (or the document ends), so its row depends on the
@@ -95,19 +107,9 @@ class WordEmbedding(nn.Module):
     """
 
     def __init__(self, buckets: int, dim: int, table_dim: int = 0) -> None:
-        super().__init__()
         if buckets < 1:
             raise ValueError(f"word_buckets must be positive, got {buckets}")
-        if table_dim < 0:
-            raise ValueError(f"word_dim must be 0 (rows as wide as the model) or positive, got {table_dim}")
-        self.buckets = buckets
-        self.table = nn.Embedding(buckets, table_dim or dim)
-        self.proj = nn.Linear(table_dim, dim, bias=False) if table_dim else None
-
-    def reset_parameters(self, std: float) -> None:
-        nn.init.normal_(self.table.weight, std=std)
-        if self.proj is not None:
-            nn.init.normal_(self.proj.weight, std=self.proj.in_features**-0.5)
+        super().__init__(buckets, dim, table_dim, "word_dim")
 
     def forward(self, ids: Tensor) -> Tensor:
         is_word, code = word_chars(ids)  # [B, N] each
@@ -123,7 +125,7 @@ class WordEmbedding(nn.Module):
         next_word = nn.functional.pad(is_word.long()[:, 1:], (0, 1))  # [B, N], 0 past the end
         end = is_word.long() * (1 - next_word)  # [B, N] 1 at a word's last byte
         rows = self.table(h % self.buckets) * end[..., None].to(self.table.weight.dtype)  # [B, N, D']
-        return rows if self.proj is None else self.proj(rows)  # [B, N, dim]
+        return self.project(rows)  # [B, N, dim]
 
 
 class ConvPositions(nn.Module):
