@@ -41,7 +41,7 @@ class HashedTable(nn.Module):
             raise ValueError(f"{key} must be 0 (rows as wide as the model) or positive, got {table_dim}")
         self.buckets = buckets
         self.table = nn.Embedding(buckets, table_dim or dim)
-        # Factorized: rows are summed in the narrow space, then projected once.
+        # Factorized: rows are added up in the narrow space, then projected once.
         self.proj = nn.Linear(table_dim, dim, bias=False) if table_dim else None
 
     def reset_parameters(self, std: float) -> None:
@@ -119,9 +119,9 @@ class WordEmbedding(HashedTable):
         run = torch.ones_like(ids)  # 1 while bytes i-back..i are all word bytes
         h = torch.zeros_like(ids)
         for back in range(w):
-            run = run * word_p[:, w - 1 - back : w - 1 - back + n]
-            coef = pow(_BASE, back, _WORD_MOD)
-            h = (h + code_p[:, w - 1 - back : w - 1 - back + n] * run * coef) % _WORD_MOD  # < 2**31 * 2**9
+            lo = w - 1 - back  # the columns holding byte i - back
+            run = run * word_p[:, lo : lo + n]
+            h = (h + code_p[:, lo : lo + n] * run * pow(_BASE, back, _WORD_MOD)) % _WORD_MOD  # < 2**31 * 2**9
         next_word = nn.functional.pad(is_word.long()[:, 1:], (0, 1))  # [B, N], 0 past the end
         end = is_word.long() * (1 - next_word)  # [B, N] 1 at a word's last byte
         rows = self.table(h % self.buckets) * end[..., None].to(self.table.weight.dtype)  # [B, N, D']
@@ -168,10 +168,9 @@ class TextEncoder(nn.Module):
         self.head = nn.Linear(cfg.dim, cfg.num_classes)
         init_weights(self)
         nn.init.normal_(self.embed.weight, std=0.02)
-        if self.ngrams is not None:
-            self.ngrams.reset_parameters(std=0.02)
-        if self.words is not None:
-            self.words.reset_parameters(std=0.02)
+        for table in (self.ngrams, self.words):
+            if table is not None:
+                table.reset_parameters(std=0.02)
 
     def forward_features(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         if not tracing() and input_ids.is_cpu and input_ids.shape[1] < MIN_ROWS:
