@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -123,9 +123,15 @@ def gap_difference(
     return {"at": at, "points": round(pa - pb, 2), "ci95": [round(float(lo), 2), round(float(hi), 2)]}
 
 
-def tfidf_kfold_truncation(dataset: str, head_fit: tuple[int, ...] = (), folds: int = 5) -> dict[str, Any]:
+def tfidf_kfold_truncation(
+    dataset: str,
+    head_fit: tuple[int, ...] = (),
+    folds: int = 5,
+    classifier: Callable[[], Any] = tfidf_classifier,
+) -> dict[str, Any]:
     """The anchor by stratified k-fold over every document (train + test): fit on the training folds' whole
     texts (plus their first n bytes for n in head_fit), scored on the held-out fold's texts cut at each length.
+    `classifier` makes a fresh unfitted text classifier per fold (default: the anchor).
     Returns pooled accuracy per cut and the paired 1 KB gap."""
     from sklearn.model_selection import StratifiedKFold
 
@@ -135,7 +141,7 @@ def tfidf_kfold_truncation(dataset: str, head_fit: tuple[int, ...] = (), folds: 
     cuts = [str(n) for n in TRUNCATIONS if n < longest] + ["full"]
     right = {k: np.zeros(len(texts), dtype=bool) for k in cuts}
     for fit_idx, held_idx in StratifiedKFold(folds, shuffle=True, random_state=0).split(texts, labels):
-        clf = tfidf_classifier().fit(*heads_too([texts[i] for i in fit_idx], labels[fit_idx].tolist(), head_fit))
+        clf = classifier().fit(*heads_too([texts[i] for i in fit_idx], labels[fit_idx].tolist(), head_fit))
         held = [texts[i] for i in held_idx]
         for k in cuts:
             right[k][held_idx] = clf.predict(first_bytes(held, None if k == "full" else int(k))) == labels[held_idx]
