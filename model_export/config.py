@@ -53,7 +53,7 @@ class ViTConfig:
 
 @dataclass(frozen=True)
 class TextConfig:
-    """Byte-level (or small-vocabulary) encoder: one position per token, masked mean pooling."""
+    """Byte-level (or small-vocabulary) encoder: one position per token, masked mean or attention pooling."""
 
     arch: str = "text"
     vocab_size: int = 257  # byte + 1, 0 = pad
@@ -71,6 +71,9 @@ class TextConfig:
     # last byte; word_dim > 0 factorizes that table as ngram_dim does the n-gram one.
     word_buckets: int = 0
     word_dim: int = 0
+    # "mean": the masked mean of the final token vectors; "attention": one learned score per token and
+    # head group (heads groups of dim / heads channels), softmax over the document's tokens, weighted sum.
+    pooling: Literal["mean", "attention"] = "mean"
     # "sinusoidal": absolute positions (do not extrapolate past the trained length);
     # "conv": a masked depthwise Conv1d over the embeddings, relative and length-free (CPVT-style).
     positions: Literal["sinusoidal", "conv"] = "sinusoidal"

@@ -1,0 +1,103 @@
+"""Attention pooling of the text encoder: the math against a float64 loop, padding and batch independence,
+export round trip, bad settings refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from model_export import create_model
+from model_export.text import AttentionPool
+
+
+def reference_pool(pool: AttentionPool, x: torch.Tensor, n: int) -> torch.Tensor:
+    """Float64 loops over one document's first n rows: per group, softmax of its scores, weighted sum."""
+    x64 = x[:n].double()
+    w, b = pool.score.weight.double(), pool.score.bias.double()
+    d = x.shape[-1] // pool.groups
+    out = torch.zeros(x.shape[-1], dtype=torch.float64)
+    for g in range(pool.groups):
+        s = torch.tensor([float(x64[i] @ w[g] + b[g]) for i in range(n)], dtype=torch.float64)
+        a = torch.exp(s - s.max())
+        a = a / a.sum()
+        for i in range(n):
+            out[g * d : (g + 1) * d] += a[i] * x64[i, g * d : (g + 1) * d]
+    return out
+
+
+def test_pooling_matches_a_float64_reference_and_ignores_padding() -> None:
+    torch.manual_seed(0)
+    pool = AttentionPool(12, 3)
+    with torch.no_grad():
+        pool.score.weight.mul_(20.0)  # sharp weights: a wrong mask or group would show, not average out
+        x = torch.randn(2, 9, 12)
+        x[0, 5:] = 1e3  # padding rows with huge values must get weight exactly 0
+        valid = torch.tensor([[True] * 5 + [False] * 4, [True] * 9])
+        got = pool(x, valid)
+    for row, n in enumerate((5, 9)):
+        # float32 softmax and a 9-term weighted sum: about 1e-6 relative to values of order 1
+        torch.testing.assert_close(got[row].double(), reference_pool(pool, x[row], n), rtol=1e-5, atol=1e-5)
+
+
+def test_zero_scores_give_the_masked_mean_and_no_tokens_give_zeros() -> None:
+    pool = AttentionPool(8, 2)
+    with torch.no_grad():
+        pool.score.weight.zero_()
+        pool.score.bias.zero_()
+        x = torch.randn(2, 6, 8)
+        valid = torch.tensor([[True] * 4 + [False] * 2, [False] * 6])
+        got = pool(x, valid)
+    torch.testing.assert_close(got[0], x[0, :4].mean(0), rtol=1e-6, atol=1e-6)
+    assert torch.equal(got[1], torch.zeros(8))  # a mean of nothing is 0 in the mean path too, not NaN
+
+
+def test_a_documents_logits_do_not_depend_on_padding_or_batch() -> None:
+    """Eager CPU pools each document's own rows, so alone, padded or batched it is bitwise the same."""
+    torch.manual_seed(0)
+    model = create_model("tiny-text", pooling="attention", attention={"eval_noise": "fixed"}).eval()
+    docs = [torch.randint(1, 257, (n,)) for n in (30, 7, 55)]
+    ids = torch.zeros(3, 60, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, d in enumerate(docs):
+        ids[i, : len(d)], mask[i, : len(d)] = d, 1
+    ids[0, 40:] = 99  # content under the mask
+    with torch.no_grad():
+        batched = model(ids, mask)
+        for i, d in enumerate(docs):
+            alone = model(d[None], torch.ones(1, len(d), dtype=torch.long))
+            torch.testing.assert_close(batched[i : i + 1], alone, rtol=0, atol=0)
+
+
+def test_attention_pooling_round_trips_through_save_export_and_load(tmp_path) -> None:
+    from model_export import export as ex
+    from model_export import load_pretrained
+    from model_export.registry import LABELS
+
+    torch.manual_seed(0)
+    model = create_model("tiny-text", pooling="attention", attention={"eval_noise": "fixed"}).eval()
+    with torch.no_grad():
+        model.pool.score.weight.normal_(std=1.0)  # away from the near-uniform init: the graph must carry it
+    model_dir = tmp_path / "tiny-text"
+    conf = ex.make_config_dict("tiny-text", model.cfg, LABELS["tiny-text"], seed=0, metrics={})
+    ex.save_pretrained(model, conf, model_dir)
+    ex.export_model_dir(model_dir)
+    loaded = load_pretrained(model_dir)
+    assert loaded.cfg.pooling == "attention" and loaded.pool is not None
+    ids = torch.randint(1, 257, (2, 90))
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids, mask), model(ids, mask), rtol=0, atol=0)
+    rows = ex.measure_parity(loaded, loaded.cfg, ex.make_session(model_dir / "1" / ex.ONNX_FILE))
+    assert rows and all(r["max_abs_diff"] <= ex.PARITY_ATOL and r["argmax_equal"] for r in rows), rows
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"pooling": "max"}, "pooling must be 'mean' or 'attention'"),
+        ({"pooling": "attention", "heads": 3}, "divisible"),
+    ],
+)
+def test_bad_pooling_settings_are_refused(overrides: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        create_model("tiny-text", **overrides)
