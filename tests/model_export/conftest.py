@@ -44,3 +44,23 @@ def brown_all() -> list[brown.BrownDoc]:
         if os.environ.get("CI"):
             pytest.fail(f"CI must have the Brown corpus unpacked by `make test`: {e}")
         pytest.skip(str(e))
+
+
+def export_round_trip(model: torch.nn.Module, model_dir) -> torch.nn.Module:
+    """Save a tiny-text model, export its ONNX graph, load it back: the loaded torch model must equal the
+    saved one bitwise and the graph must pass the export's parity check. Returns the loaded model."""
+    from model_export import export as ex
+    from model_export import load_pretrained
+    from model_export.registry import LABELS
+
+    conf = ex.make_config_dict("tiny-text", model.cfg, LABELS["tiny-text"], seed=0, metrics={})
+    ex.save_pretrained(model, conf, model_dir)
+    ex.export_model_dir(model_dir)
+    loaded = load_pretrained(model_dir)
+    ids = torch.randint(1, 257, (3, 120))
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids, mask), model(ids, mask), rtol=0, atol=0)
+    rows = ex.measure_parity(loaded, loaded.cfg, ex.make_session(model_dir / "1" / ex.ONNX_FILE))
+    assert rows and all(r["max_abs_diff"] <= ex.PARITY_ATOL and r["argmax_equal"] for r in rows), rows
+    return loaded

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from model_export.text import _BASE, _ORDER_SALT, MAX_ORDER, NgramEmbedding
+from tests.model_export.conftest import export_round_trip
 
 
 def reference_buckets(ids: list[int], order: int, buckets: int) -> list[int]:
@@ -69,23 +70,11 @@ def test_a_negative_table_width_is_refused() -> None:
 def test_a_factorized_model_round_trips_through_save_export_and_load(tmp_path) -> None:
     """config.json carries ngram_dim and the word table's sizes; the loaded torch model and the ONNX graph
     (word boundaries and hashes computed in the graph) match the trained one."""
-    from model_export import create_model, load_pretrained
-    from model_export import export as ex
-    from model_export.registry import LABELS
+    from model_export import create_model
 
     model = create_model(
         "tiny-text", ngram_buckets=211, ngram_dim=6, word_buckets=101, word_dim=5, attention={"eval_noise": "fixed"}
     ).eval()
-    model_dir = tmp_path / "tiny-text"
-    conf = ex.make_config_dict("tiny-text", model.cfg, LABELS["tiny-text"], seed=0, metrics={})
-    ex.save_pretrained(model, conf, model_dir)
-    ex.export_model_dir(model_dir)
-    loaded = load_pretrained(model_dir)
+    loaded = export_round_trip(model, tmp_path / "tiny-text")
     assert loaded.cfg.ngram_dim == 6 and loaded.ngrams.table.weight.shape == (211, 6)
     assert loaded.words is not None and loaded.words.table.weight.shape == (101, 5)
-    ids = torch.randint(1, 257, (3, 120))
-    mask = torch.ones_like(ids)
-    with torch.no_grad():
-        torch.testing.assert_close(loaded(ids, mask), model(ids, mask), rtol=0, atol=0)
-    rows = ex.measure_parity(loaded, loaded.cfg, ex.make_session(model_dir / "1" / ex.ONNX_FILE))
-    assert rows and all(r["max_abs_diff"] <= ex.PARITY_ATOL and r["argmax_equal"] for r in rows), rows
