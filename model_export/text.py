@@ -147,7 +147,8 @@ class AttentionPool(nn.Module):
     """Per head group, a softmax over the document's tokens of one learned score each, then the weighted sum
     of the group's channels: [B, N, D] -> [B, D]. A mean gives every token 1/N of the vote, so the pooled
     vector of a short head and of its whole document differ by how much filler each holds; learned weights
-    can follow the few tokens that name a topic (an idf-like weighting, learned from the data)."""
+    can follow the few tokens that name a topic (an idf-like weighting, learned from the data). Measured on BBC
+    (docs/long-documents.md, rule O): it lifted whole documents, not the first KB; no shipped model uses it."""
 
     def __init__(self, dim: int, groups: int) -> None:
         super().__init__()
