@@ -122,13 +122,15 @@ def run_fold(fold: int, recipe: Recipe, score_limit: int | None = None, resume: 
     conf = load_config(out)
     texts, labels = text_docs("news", fold_split(fold, N_FOLDS, "test"))
     texts, labels = texts[:score_limit], labels[:score_limit]
-    right = truncation_right(load_pretrained(out), texts, labels)
+    model = load_pretrained(out)
+    right = truncation_right(model, texts, labels)
     row = {
         "fold": fold,
         "n_test": len(texts),
         "truncation": {k: round(sum(v) / len(v), 4) for k, v in right.items()},
         # per held-out document, in fold order: "1" right, "0" wrong (compact; the summary pools these)
         "right": {k: "".join("1" if hit else "0" for hit in v) for k, v in right.items()},
+        **({"parts": part_right(model, texts, labels)} if getattr(model, "tfidf", None) is not None else {}),
         "train_time_s": conf["metrics"]["train_time_s"],
         "epochs_done": conf["metrics"].get("epochs_done"),
         "command": train.command_line(args),
@@ -138,6 +140,27 @@ def run_fold(fold: int, recipe: Recipe, score_limit: int | None = None, resume: 
         if resumed:  # that wall time covers only the epochs after the checkpoint
             row["resumed"] = True
     return row
+
+
+class Readout(torch.nn.Module):
+    """One path of a Wide & Deep text model as a classifier: "deep" (the LARA encoder and its head) or "wide"
+    (the tf-idf head), so an ablation scores each path of the same trained model alone."""
+
+    def __init__(self, model: torch.nn.Module, part: str) -> None:
+        super().__init__()
+        self.model, self.part = model, part
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return getattr(self.model, f"forward_{self.part}")(input_ids, attention_mask)
+
+
+def part_right(model: torch.nn.Module, texts: list[str], labels: list[int]) -> dict[str, dict[str, str]]:
+    """Per path ("deep", "wide"), per cut, per held-out document: "1" right, "0" wrong."""
+    out = {}
+    for part in ("deep", "wide"):
+        right = truncation_right(Readout(model, part), texts, labels)
+        out[part] = {k: "".join("1" if hit else "0" for hit in v) for k, v in right.items()}
+    return out
 
 
 def shared_cuts(rows: list[dict[str, Any]]) -> list[str]:
@@ -155,13 +178,19 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     cuts = shared_cuts(rows)
     per_fold = [pooled_right([r], cuts) for r in rows]
     pooled = pooled_right(rows, cuts)
-    return {
+    out = {
         "folds": [r["fold"] for r in rows],
         "documents": int(sum(r["n_test"] for r in rows)),
         "truncation": {k: round(float(v.mean()), 4) for k, v in pooled.items()},
         f"gap_{GAP_AT}": gap_interval(pooled),
         f"gap_{GAP_AT}_per_fold": [gap_interval(f)["points"] for f in per_fold],
     }
+    if all("parts" in r for r in rows):  # a Wide & Deep model: each path alone, on the same documents
+        out["parts"] = {
+            part: summarize([{"fold": r["fold"], "n_test": r["n_test"], "right": r["parts"][part]} for r in rows])
+            for part in rows[0]["parts"]
+        }
+    return out
 
 
 def compare(rows: list[dict[str, Any]], base_rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -74,6 +74,9 @@ class TextConfig:
     # "mean": the masked mean of the final token vectors; "attention": one learned score per token and
     # head group (heads groups of dim / heads channels), softmax over the document's tokens, weighted sum.
     pooling: Literal["mean", "attention"] = "mean"
+    # >0: a wide path beside the encoder (Wide & Deep): a linear head over hashed word 1-2-gram tf-idf
+    # features in this many buckets, its logits added to the encoder's (model_export.text.TfidfHead).
+    tfidf_buckets: int = 0
     # "sinusoidal": absolute positions (do not extrapolate past the trained length);
     # "conv": a masked depthwise Conv1d over the embeddings, relative and length-free (CPVT-style).
     positions: Literal["sinusoidal", "conv"] = "sinusoidal"

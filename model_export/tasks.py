@@ -152,6 +152,15 @@ def text_docs(dataset: str, split: str) -> tuple[list[str], list[int]]:
     return texts, labels
 
 
+def document_ids(task: Task) -> list[Tensor]:
+    """Each whole training document of a text task as a 1-D tensor of ids (byte + 1)."""
+    if isinstance(task, LengthMixTask):
+        return [torch.tensor([b + 1 for b in raw], dtype=torch.int64) for raw in task.docs]
+    if isinstance(task, SequenceTask):
+        return [torch.tensor(seq, dtype=torch.int64) for seq in task.seqs]
+    raise TypeError(f"document_ids needs a text task, got {type(task).__name__}")
+
+
 def _subset(task: Task, idx: Tensor) -> Task:
     if isinstance(task, LengthMixTask):
         return dataclasses.replace(task, docs=[task.docs[i] for i in idx.tolist()], labels=task.labels[idx])

@@ -7,6 +7,7 @@ convolution (relative, so the same weights read a 64 KB document as they read a 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import torch
 from torch import Tensor, nn
@@ -99,6 +100,23 @@ def word_chars(ids: Tensor) -> tuple[Tensor, Tensor]:
     return is_word, folded
 
 
+def word_hashes(ids: Tensor) -> tuple[Tensor, Tensor]:
+    """ids [B, N] -> (h [B, N] int64 in [0, 2**31): the hash of the word ending at each position, end [B, N]
+    int64: 1 at a word's last byte, else 0). Pads (id 0) are not word bytes, so neither depends on padding."""
+    is_word, code = word_chars(ids)  # [B, N] each
+    n, w = ids.shape[1], WORD_MAX_BYTES
+    code_p = nn.functional.pad(code, (w - 1, 0))  # [B, N + w - 1]
+    word_p = nn.functional.pad(is_word.long(), (w - 1, 0))
+    run = torch.ones_like(ids)  # 1 while bytes i-back..i are all word bytes
+    h = torch.zeros_like(ids)
+    for back in range(w):
+        lo = w - 1 - back  # the columns holding byte i - back
+        run = run * word_p[:, lo : lo + n]
+        h = (h + code_p[:, lo : lo + n] * run * pow(_BASE, back, _WORD_MOD)) % _WORD_MOD  # < 2**31 * 2**9
+    next_word = nn.functional.pad(is_word.long()[:, 1:], (0, 1))  # [B, N], 0 past the end
+    return h, is_word.long() * (1 - next_word)
+
+
 class WordEmbedding(HashedTable):
     """fastText-style hashed whole words: one table row per word, added at the word's last byte only.
 
@@ -112,20 +130,81 @@ class WordEmbedding(HashedTable):
         super().__init__(buckets, dim, table_dim, "word_dim")
 
     def forward(self, ids: Tensor) -> Tensor:
-        is_word, code = word_chars(ids)  # [B, N] each
-        n, w = ids.shape[1], WORD_MAX_BYTES
-        code_p = nn.functional.pad(code, (w - 1, 0))  # [B, N + w - 1]
-        word_p = nn.functional.pad(is_word.long(), (w - 1, 0))
-        run = torch.ones_like(ids)  # 1 while bytes i-back..i are all word bytes
-        h = torch.zeros_like(ids)
-        for back in range(w):
-            lo = w - 1 - back  # the columns holding byte i - back
-            run = run * word_p[:, lo : lo + n]
-            h = (h + code_p[:, lo : lo + n] * run * pow(_BASE, back, _WORD_MOD)) % _WORD_MOD  # < 2**31 * 2**9
-        next_word = nn.functional.pad(is_word.long()[:, 1:], (0, 1))  # [B, N], 0 past the end
-        end = is_word.long() * (1 - next_word)  # [B, N] 1 at a word's last byte
+        h, end = word_hashes(ids)  # [B, N] each
         rows = self.table(h % self.buckets) * end[..., None].to(self.table.weight.dtype)  # [B, N, D']
         return self.project(rows)  # [B, N, dim]
+
+
+# A bigram's code mixes the two word hashes (each < 2**31; 2**20 * 2**31 stays inside int64); the salt keeps
+# bigram buckets off the unigram ones' pattern.
+_BIGRAM_MUL = 1_048_573
+_BIGRAM_SALT = 7_919
+# Adam moves each weight about lr per step whatever its gradient's scale, and an L2-normalized document's
+# features are small (~0.05 each for a few hundred grams), so at the encoder's lr the wide logits would grow
+# too slowly to matter within a run; the gain multiplies the wide logits (as a 10x lr for this head would).
+TFIDF_GAIN = 10.0
+
+
+class TfidfHead(nn.Module):
+    """The wide path (Wide & Deep) beside the encoder: a linear classifier over the document's hashed word
+    1-2-gram tf-idf vector (sublinear tf 1 + ln count, idf from the training documents, L2 norm), computed
+    in the graph from input_ids: [B, N] -> logits [B, C].
+
+    Why: by cross-validation on BBC a bag of words with idf keeps its accuracy from the first KB to whole
+    documents where a mean of token vectors does not (benchmarks.anchor_parts); idf is what a byte model's
+    mean pooling lacks. `idf` is a buffer set once by `fit_idf` before training (0 for grams in fewer than
+    2 training documents, as min_df=2 drops them), saved and exported with the weights.
+
+    Words are the text encoder's (ASCII letters and digits, case-folded, `word_hashes`); a bigram is two
+    words in a row with anything but word bytes between them. Per document the words are packed into
+    word order by a scatter (ONNX ScatterElements; there is no exportable cummax), and the tf-idf vector is
+    never built densely: each occurrence of a gram carries 1/count of its gram's normalized weight, so a sum
+    over occurrences is the dot product with the weight rows (only the counts are a [B, buckets] tensor).
+    """
+
+    def __init__(self, buckets: int, num_classes: int) -> None:
+        super().__init__()
+        if buckets < 2:
+            raise ValueError(f"tfidf_buckets must be 0 (no wide path) or at least 2, got {buckets}")
+        self.buckets = buckets
+        self.weight = nn.Parameter(torch.zeros(buckets, num_classes))  # zero: the wide path starts silent
+        self.register_buffer("idf", torch.zeros(buckets))
+
+    def grams(self, ids: Tensor) -> tuple[Tensor, Tensor]:
+        """ids [B, N] -> (bucket [B, 2N] int64, real [B, 2N] bool): unigrams in word order, then bigrams."""
+        h, end = word_hashes(ids)  # [B, N] each
+        b, n = ids.shape
+        order = torch.where(end > 0, end.cumsum(1) - 1, n)  # the k-th word's end -> slot k; others -> slot n
+        words = torch.zeros(b, n + 1, dtype=h.dtype, device=h.device).scatter_add(1, order, h * end)[:, :n]
+        k = torch.arange(n, device=ids.device)[None]  # [1, N]
+        uni = k < end.sum(1, keepdim=True)  # [B, N]
+        prev = nn.functional.pad(words[:, :-1], (1, 0))  # the (k-1)-th word's hash
+        code = (prev * _BIGRAM_MUL + words + _BIGRAM_SALT) % _WORD_MOD  # [B, N]
+        bucket = torch.cat([words % self.buckets, code % self.buckets], 1)
+        return bucket, torch.cat([uni, uni & (k >= 1)], 1)
+
+    @torch.no_grad()
+    def fit_idf(self, docs: Iterable[Tensor]) -> None:
+        """Smoothed idf from training documents (1-D id tensors, byte + 1): ln((1 + n) / (1 + df)) + 1 where
+        df >= 2, else 0."""
+        df = torch.zeros(self.buckets, dtype=torch.float64)
+        n = 0
+        for ids in docs:
+            bucket, real = self.grams(ids.reshape(1, -1).to(self.idf.device))
+            df[torch.unique(bucket[real])] += 1
+            n += 1
+        idf = torch.log((1.0 + n) / (1.0 + df)) + 1.0
+        self.idf.copy_(torch.where(df >= 2, idf, 0.0).to(self.idf.dtype))
+
+    def forward(self, ids: Tensor) -> Tensor:
+        bucket, real = self.grams(ids)  # [B, M] each
+        r = real.to(self.weight.dtype)
+        counts = torch.zeros(ids.shape[0], self.buckets, dtype=r.dtype, device=r.device).scatter_add(1, bucket, r)
+        c = counts.gather(1, bucket).clamp_min(1.0)  # [B, M] occurrences of this gram in its document
+        x = (1.0 + torch.log(c)) * self.idf[bucket] * r  # [B, M] the gram's tf-idf value, at each occurrence
+        norm = ((x * x / c).sum(1, keepdim=True)).sqrt().clamp_min(1e-12)  # [B, 1] ||tf-idf|| over distinct grams
+        w = (x / (c * norm)).unsqueeze(1)  # [B, 1, M]
+        return TFIDF_GAIN * (w @ self.weight[bucket]).squeeze(1)  # [B, C]
 
 
 class ConvPositions(nn.Module):
@@ -195,6 +274,8 @@ class TextEncoder(nn.Module):
         self.pool = AttentionPool(cfg.dim, cfg.heads) if cfg.pooling == "attention" else None
         self.head = nn.Linear(cfg.dim, cfg.num_classes)
         init_weights(self)
+        # After init_weights, which would redraw the wide weights (they start at zero).
+        self.tfidf = TfidfHead(cfg.tfidf_buckets, cfg.num_classes) if cfg.tfidf_buckets else None
         nn.init.normal_(self.embed.weight, std=0.02)
         for table in (self.ngrams, self.words):
             if table is not None:
@@ -254,5 +335,22 @@ class TextEncoder(nn.Module):
             rows.append(self.head(pooled))
         return torch.cat(rows).float()
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    def forward_wide(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """The wide path's logits [B, C] (model config tfidf_buckets > 0)."""
+        assert self.tfidf is not None, "forward_wide needs a model with tfidf_buckets > 0"
+        valid = attention_mask > 0
+        ids = input_ids * valid.long()
+        if not ids.is_cpu or tracing():
+            return self.tfidf(ids).float()
+        # Eager on CPU: each document's own ids (as forward_head does), so batching cannot change a sum's order.
+        return torch.cat([self.tfidf(ids[i][valid[i]][None]) for i in range(ids.shape[0])]).float()
+
+    def forward_deep(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """The encoder's logits [B, C] (without the wide path, if there is one)."""
         return self.forward_head(self.forward_features(input_ids, attention_mask), attention_mask)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        logits = self.forward_deep(input_ids, attention_mask)
+        if self.tfidf is not None:
+            logits = logits + self.forward_wide(input_ids, attention_mask)
+        return logits

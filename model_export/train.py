@@ -24,7 +24,7 @@ from model_export.hub import make_config_dict, save_pretrained
 from model_export.layers import Attention, layer_seed
 from model_export.long_docs import LengthMixTask
 from model_export.registry import DATASETS, LABELS, build_model, get_config
-from model_export.tasks import load_task
+from model_export.tasks import document_ids, load_task
 
 DEFAULTS: dict[str, dict[str, Any]] = {
     "fashion": {"batch_size": 128, "lr": 2e-3, "weight_decay": 0.05, "label_smoothing": 0.1, "epochs": 8},
@@ -231,6 +231,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     if args.no_augment and hasattr(train_task, "augment"):
         train_task.augment = False
     distill = _distill_settings(args, train_task, len(LABELS[args.model]))
+    if getattr(model, "tfidf", None) is not None:  # the wide path's idf: from whole training documents only
+        model.tfidf.fit_idf(document_ids(train_task))
     val_task = load_task(dataset, val_split, cfg, limit=args.eval_limit)
     steps_epoch = train_task.steps_per_epoch(hp["batch_size"])
     total = steps_epoch * hp["epochs"] if args.max_steps is None else min(args.max_steps, steps_epoch * hp["epochs"])
