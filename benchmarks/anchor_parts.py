@@ -8,7 +8,9 @@ every LARA recipe tried lost more (docs/long-documents.md). Before building any 
 text model, this measures the anchor with parts taken away, on the same folds and head-weighted fits
 (`benchmarks.long_docs.tfidf_kfold_truncation`): word bigrams, then idf and the sublinear tf, then the L2
 norm (an L1-normalized count vector is the mean of one-hot word vectors: what a linear head over the
-masked mean of hashed word embeddings computes). Writes benchmarks/results/anchor_parts.json.
+masked mean of hashed word embeddings computes). Also features of the kind the text model's wide path reads
+(hashed word 1-2-grams, `model_export.text.TfidfHead`) fit by logistic regression. Writes
+benchmarks/results/anchor_parts.json.
 """
 
 from __future__ import annotations
@@ -35,10 +37,21 @@ def _linear(vectorizer: Any, c: float, norm: str | None = None) -> Any:
 
 def variants() -> dict[str, Callable[[], Any]]:
     """name -> a factory of unfitted classifiers, from the anchor down to a mean of word vectors."""
-    from sklearn.feature_extraction.text import CountVectorizer, TfidfVectorizer
+    from sklearn.feature_extraction.text import CountVectorizer, HashingVectorizer, TfidfTransformer, TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
 
     return {
         "anchor: tf-idf word 1-2-grams, sublinear tf, L2, C=10": tfidf_classifier,
+        # Features of the kind the text model's wide path reads (TfidfHead: ASCII words and their bigrams in
+        # 262,139 hashed buckets; sklearn's hash, not the model's, and no min_df), fit by logistic regression.
+        "hashed word 1-2-grams (262,139 buckets), sublinear tf-idf, L2, C=10": lambda: make_pipeline(
+            HashingVectorizer(
+                n_features=262_139, ngram_range=(1, 2), token_pattern=WORDS, alternate_sign=False, norm=None
+            ),
+            TfidfTransformer(sublinear_tf=True),
+            LogisticRegression(C=10.0, max_iter=2000),
+        ),
         "tf-idf words, sublinear tf, L2, C=10": lambda: _linear(
             TfidfVectorizer(sublinear_tf=True, min_df=2, token_pattern=WORDS), 10.0
         ),
