@@ -160,6 +160,9 @@ class TfidfHead(nn.Module):
     word order by a scatter (ONNX ScatterElements; there is no exportable cummax), and the tf-idf vector is
     never built densely: each occurrence of a gram carries 1/count of its gram's normalized weight, so a sum
     over occurrences is the dot product with the weight rows (only the counts are a [B, buckets] tensor).
+
+    Measured on BBC (docs/long-documents.md, rule P): trained jointly with the encoder, this path learned most
+    of the classification and the sum's 1 KB gap did not shrink (CV 1.64 points); no shipped model uses it.
     """
 
     def __init__(self, buckets: int, num_classes: int) -> None:
