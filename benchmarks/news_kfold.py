@@ -142,6 +142,9 @@ def run_fold(fold: int, recipe: Recipe, score_limit: int | None = None, resume: 
     return row
 
 
+PART_LABELS = {"deep": "LARA (deep) path alone", "wide": "tf-idf (wide) path alone"}
+
+
 class Readout(torch.nn.Module):
     """One path of a Wide & Deep text model as a classifier: "deep" (the LARA encoder and its head) or "wide"
     (the tf-idf head), so an ablation scores each path of the same trained model alone."""
@@ -228,6 +231,9 @@ def plot(payload: dict[str, Any], path: Path) -> None:
     xs = [int(k) for k in s["truncation"] if k != "full"]
     ax.plot(xs, [100 * s["truncation"][str(x)] for x in xs], "o-", color="tab:blue", label="pooled: first n bytes")
     ax.axhline(100 * s["truncation"]["full"], ls=":", color="tab:blue", label="pooled: whole documents")
+    for (part, ps), color in zip(s.get("parts", {}).items(), ("tab:orange", "tab:green"), strict=False):
+        xs = [int(k) for k in ps["truncation"] if k != "full"]  # a Wide & Deep model: each path alone
+        ax.plot(xs, [100 * ps["truncation"][str(x)] for x in xs], "s--", color=color, label=PART_LABELS.get(part, part))
     ax.set_xscale("log", base=2)
     ax.set_xlabel("bytes given to the model")
     ax.set_ylabel("held-out accuracy (%)")

@@ -144,7 +144,7 @@ def test_training_fits_idf_on_the_training_documents(tmp_path: Path) -> None:
     assert torch.equal(load_pretrained(out).tfidf.idf, expected.idf) and (expected.idf > 0).sum() > 100
 
 
-def test_kfold_summary_scores_each_path_on_the_same_documents() -> None:
+def test_kfold_summary_scores_each_path_on_the_same_documents(tmp_path: Path) -> None:
     rows = [
         {
             "fold": 0,
@@ -163,6 +163,8 @@ def test_kfold_summary_scores_each_path_on_the_same_documents() -> None:
     assert s["truncation"] == {"1024": 0.75, "full": 1.0}
     assert s["parts"]["deep"]["truncation"] == {"1024": 0.25, "full": 0.75}
     assert s["parts"]["deep"]["gap_1024"]["points"] == 50.0 and s["parts"]["deep"]["documents"] == 4
+    news_kfold.plot({"rows": [], "summary": s, "epochs": 1}, tmp_path / "p.png")  # pooled and per-path curves
+    assert (tmp_path / "p.png").stat().st_size > 1000
 
 
 @pytest.mark.parametrize("buckets", [1, -3])
