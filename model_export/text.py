@@ -340,7 +340,10 @@ class TextEncoder(nn.Module):
 
     def forward_wide(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """The wide path's logits [B, C] (model config tfidf_buckets > 0)."""
-        assert self.tfidf is not None, "forward_wide needs a model with tfidf_buckets > 0"
+        if self.tfidf is None:
+            raise ValueError(
+                "forward_wide needs a model with a wide path (config tfidf_buckets > 0); this one has none"
+            )
         valid = attention_mask > 0
         ids = input_ids * valid.long()
         if not ids.is_cpu or tracing():

@@ -167,6 +167,16 @@ def test_kfold_summary_scores_each_path_on_the_same_documents(tmp_path: Path) ->
     assert (tmp_path / "p.png").stat().st_size > 1000
 
 
+def test_a_model_without_a_wide_path_says_so() -> None:
+    model = create_model("tiny-text").eval()
+    ids = torch.randint(1, 257, (1, 20))
+    with pytest.raises(ValueError, match="tfidf_buckets > 0"):
+        model.forward_wide(ids, torch.ones_like(ids))
+    assert model.tfidf is None and torch.equal(
+        model(ids, torch.ones_like(ids)), model.forward_deep(ids, torch.ones_like(ids))
+    )
+
+
 @pytest.mark.parametrize("buckets", [1, -3])
 def test_bad_bucket_counts_are_refused(buckets: int) -> None:
     with pytest.raises(ValueError, match="tfidf_buckets must be 0"):
