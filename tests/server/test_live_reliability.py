@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -26,13 +27,15 @@ from server.synthetic import make_text_model
 from server.testing import free_port
 
 MODEL = "slow-text"
-DOC = "x" * 1024  # ~30 ms per item on one thread: 128 of them keep the model busy for seconds
+# About 8 ms per item on one thread (2026-12, 2 cores): 128 of them keep the model busy for about a second.
+# With hidden 512 they took 4 ms, and the first batches could be done before the last request arrived.
+DOC = "x" * 1024
 
 
 @pytest.fixture(scope="module")
 def slow_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("slow_repository")
-    make_text_model(root, MODEL, max_length=2048, dim=64, hidden=512)  # per-token MLP: compute per byte
+    make_text_model(root, MODEL, max_length=2048, dim=64, hidden=2048)  # per-token MLP: compute per byte
     return root
 
 
@@ -87,8 +90,16 @@ def predict(url: str, texts: int, doc: str = DOC) -> tuple[int, str, str]:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_shutdown_under_load_loses_no_accepted_request(slow_repo: Path, sig: signal.Signals) -> None:
     with live_server(slow_repo, LARA_GRACEFUL_TIMEOUT_S="90") as (proc, url, log):
+        # The 16 clients (x 8 texts) send together: sent one by one as threads start, on a fast machine the
+        # first batches could finish before the last request arrives, and the queue never holds 8 requests.
+        together = threading.Barrier(16)
+
+        def send() -> tuple[int, str, str]:
+            together.wait(timeout=30)
+            return predict(url, 8)
+
         with ThreadPoolExecutor(16) as pool:
-            accepted = [pool.submit(predict, url, 8) for _ in range(16)]  # 16 clients x 8 texts
+            accepted = [pool.submit(send) for _ in range(16)]
             wait_for(lambda: metric(url, "lara_queue_depth", f'{{model="{MODEL}"}}') >= 64)  # 8+ requests wait
             proc.send_signal(sig)
             wait_for(lambda: httpx.get(f"{url}/v2/health/ready", timeout=30).status_code == 503, 30)
@@ -122,7 +133,7 @@ def shared(slow_repo: Path) -> Iterator[tuple[str, IO[bytes]]]:
 def test_clients_that_hang_up_while_queued_cost_no_compute(shared: tuple[str, IO[bytes]]) -> None:
     url, _ = shared
     with ThreadPoolExecutor(8) as pool:
-        # Eight full batches of the longest documents keep the model busy for seconds, even on a slow machine.
+        # Eight full batches of the longest documents keep the model busy (about 1.7 s here).
         holders = [pool.submit(predict, url, 8, DOC * 2) for _ in range(8)]
         wait_for(lambda: metric(url, "lara_queue_depth", f'{{model="{MODEL}"}}') >= 8)
         body = json.dumps({"instances": [DOC] * 3}).encode()
