@@ -238,7 +238,12 @@ def plot(payload: dict[str, Any], path: Path) -> None:
     ax.set_xlabel("bytes given to the model")
     ax.set_ylabel("held-out accuracy (%)")
     g = s[f"gap_{GAP_AT}"]
-    budget = f"{payload['epochs']} epochs" if payload.get("epochs") else f"{payload['budget_min']:g} CPU-min"
+    if payload.get("epochs"):
+        budget = f"{payload['epochs']} epochs"
+    elif payload.get("budget_min") is not None:
+        budget = f"{payload['budget_min']:g} CPU-min"
+    else:  # an ensemble of experiments trained for different budgets
+        budget = "mixed budgets"
     ax.set_title(
         f"lara-text-news recipe{' ' + payload['name'] if payload.get('name') else ''}, {budget} per fold\n"
         f"{len(s['folds'])} of {N_FOLDS} folds, {s['documents']} held-out BBC docs; "
