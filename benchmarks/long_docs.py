@@ -167,10 +167,18 @@ def truncation_right(model: torch.nn.Module, texts: Sequence[str], labels: Seque
 def measure_model(name: str, per_class: int) -> dict[str, Any]:
     model_dir = resolve_model_dir(name)
     conf = load_config(model_dir)
-    model = load_pretrained(model_dir)
-    dataset = conf["data"]["dataset"]
-    texts, labels = text_docs(dataset, "test")
-    out: dict[str, Any] = {"dataset": dataset, "n_test": len(texts), "max_length": conf["model"]["max_length"]}
+    out = {"max_length": conf["model"]["max_length"]}
+    return {**measure(load_pretrained(model_dir), conf["data"]["dataset"], per_class), **out}
+
+
+def measure(
+    model: torch.nn.Module, dataset: str, per_class: int, split: str = "test", limit: int | None = None
+) -> dict[str, Any]:
+    """Accuracy of `model` on `split` (its first `limit` documents) at every cut and whole, the 1 KB gap,
+    and (news) composites of those documents."""
+    texts, labels = text_docs(dataset, split)
+    texts, labels = texts[:limit], labels[:limit]
+    out: dict[str, Any] = {"dataset": dataset, "split": split, f"n_{split}": len(texts)}
     t0 = time.perf_counter()
     right = truncation_right(model, texts, labels)
     out["truncation"] = {k: sum(v) / len(v) for k, v in right.items()}

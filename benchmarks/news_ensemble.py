@@ -6,6 +6,9 @@ experiment), scored like `news_kfold` scores one model (every cut, pooled 1 KB g
         9ep-distill50-b65k-d64-attnpool-s2 --folds 0 1 --name attnpool-s1s2 \\
         --against benchmarks/results/news_kfold_9ep-distill50-b65k-d64-attnpool.json
 
+    python -m benchmarks.news_ensemble --final runs/news-O runs/news-O2 --split val --name attnpool-s1s2
+        # final fits (model directories) as one ensemble on the fixed holdout (or --split test)
+
 A member is a news_kfold experiment tag (its runs are runs/news-kfold-<tag>/fold-K, its results
 benchmarks/results/news_kfold_<tag>.json). Nothing is trained here and nothing is selected on the held-out
 folds. Results: benchmarks/results/news_ensemble_<name>.{json,png}; the summary carries each member alone
@@ -82,15 +85,52 @@ def score_fold(fold: int, members: list[str], score_limit: int | None = None) ->
     }
 
 
+def score_final(dirs: list[Path], split: str, per_class: int, limit: int | None = None) -> dict[str, Any]:
+    """An ensemble of final fits (model directories) on a fixed split, measured as benchmarks.long_docs
+    measures a shipped model; on the holdout ("val") each member alone too (on "test" only the ensemble:
+    the one look a rule allows)."""
+    from benchmarks.long_docs import measure
+    from model_export.ensemble import ProbabilityMean
+    from model_export.hub import load_pretrained
+
+    members = [load_pretrained(d) for d in dirs]
+    out = {
+        "members": [str(d) for d in dirs],
+        "ensemble": measure(ProbabilityMean(members).eval(), "news", per_class, split, limit),
+    }
+    if split == "val":
+        out["alone"] = {str(d): measure(m, "news", per_class, split, limit) for d, m in zip(dirs, members, strict=True)}
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--members", nargs="+", required=True, help="news_kfold experiment tags, e.g. 9ep-distill50")
+    p.add_argument("--members", nargs="+", default=[], help="news_kfold experiment tags, e.g. 9ep-distill50")
+    p.add_argument(
+        "--final",
+        nargs="+",
+        type=Path,
+        default=[],
+        metavar="DIR",
+        help="instead of --members: model directories of final fits, scored as one ensemble on --split",
+    )
+    p.add_argument("--split", choices=["val", "test"], default="val", help="with --final: the split to score")
+    p.add_argument("--per-class", type=int, default=8, help="with --final: composites per class and length")
     p.add_argument("--folds", type=int, nargs="+", default=[0, 1], choices=range(N_FOLDS))
     p.add_argument("--name", required=True, help="names the results file (letters, digits, '-', '_')")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--score-limit", type=int, default=None, help="score only the first N held-out docs (smoke tests)")
     p.add_argument("--against", type=Path, default=None, help="a results JSON to compare with, paired, on shared folds")
     args = p.parse_args(argv)
+    if args.final:
+        if len(set(args.final)) < 2 or args.members:
+            p.error("--final takes at least 2 different model directories, and no --members")
+        torch.set_num_threads(args.threads)
+        result = score_final(args.final, args.split, args.per_class, args.score_limit)
+        path = RESULTS_DIR / f"news_ensemble_{args.name}_final_{args.split}.json"
+        path.write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps(result, indent=2) + f"\nwrote {path}")
+        return
     if len(set(args.members)) < 2:
         p.error(f"--members: an ensemble needs at least 2 different experiments, got {args.members}")
     if not args.name.replace("-", "").replace("_", "").isalnum():

@@ -103,6 +103,23 @@ def test_news_ensemble_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert result["summary"]["against"]["documents"] == 12
     assert (tmp_path / "news_ensemble_pair.png").stat().st_size > 1000
 
+    # the same two models as "final fits" on the holdout: the ensemble and each member alone
+    dirs = [str(tmp_path / "runs" / f"news-kfold-{tag}" / "fold-3") for tag in members]
+    news_ensemble.main(["--final", *dirs, "--split", "val", "--per-class", "1", "--score-limit", "6", "--name", "pair"])
+    final = json.loads((tmp_path / "news_ensemble_pair_final_val.json").read_text())
+    assert final["members"] == dirs and sorted(final["alone"]) == sorted(dirs)
+    ens = final["ensemble"]
+    assert ens["split"] == "val" and ens["n_val"] == 6 and set(ens["composites"]) == {"8192", "16384", "32768", "65536"}
+    texts, labels = text_docs("news", "val")
+    logits = []
+    for d in dirs:
+        model = load_pretrained(d).eval()
+        with torch.no_grad():
+            logits.append(np.stack([model(*encode(t)).numpy()[0] for t in texts[:6]]))
+    assert ens["truncation"]["full"] == np.mean(reference(logits).argmax(-1) == np.array(labels[:6]))
+    with pytest.raises(SystemExit):  # one directory is not an ensemble
+        news_ensemble.main(["--final", dirs[0], "--name", "pair"])
+
 
 def encode(text: str) -> tuple[torch.Tensor, torch.Tensor]:
     """One document as the text models read it: UTF-8 bytes + 1, no padding."""
