@@ -122,6 +122,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--score-limit", type=int, default=None, help="score only the first N held-out docs (smoke tests)")
     p.add_argument("--against", type=Path, default=None, help="a results JSON to compare with, paired, on shared folds")
     args = p.parse_args(argv)
+    if not args.name.replace("-", "").replace("_", "").isalnum():
+        p.error(f"--name {args.name!r}: use letters, digits, '-' and '_' (it names a file)")
     if args.final:
         if len(set(args.final)) < 2 or args.members:
             p.error("--final takes at least 2 different model directories, and no --members")
@@ -133,8 +135,6 @@ def main(argv: list[str] | None = None) -> None:
         return
     if len(set(args.members)) < 2:
         p.error(f"--members: an ensemble needs at least 2 different experiments, got {args.members}")
-    if not args.name.replace("-", "").replace("_", "").isalnum():
-        p.error(f"--name {args.name!r}: use letters, digits, '-' and '_' (it names a file)")
     base_rows = None
     if args.against is not None:
         if not args.against.is_file():

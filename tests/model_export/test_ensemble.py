@@ -84,16 +84,11 @@ def test_news_ensemble_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert row["fold"] == 3 and row["n_test"] == 12 and result["members"] == members
 
     # the ensemble's whole-document verdicts, recomputed from the two fold models in float64
-    from model_export.hub import load_pretrained
     from model_export.tasks import fold_split, text_docs
 
+    dirs = [str(tmp_path / "runs" / f"news-kfold-{tag}" / "fold-3") for tag in members]
     texts, labels = text_docs("news", fold_split(3, 5, "test"))
-    logits = []
-    for tag in members:
-        model = load_pretrained(tmp_path / "runs" / f"news-kfold-{tag}" / "fold-3").eval()
-        with torch.no_grad():
-            logits.append(np.stack([model(*encode(t)).numpy()[0] for t in texts[:12]]))
-    votes = reference(logits).argmax(-1)
+    votes = reference_votes(dirs, texts[:12])
     assert row["right"]["full"] == "".join("1" if v == y else "0" for v, y in zip(votes, labels[:12], strict=True))
 
     # each member alone, on the same documents, is the member's own news_kfold result
@@ -104,21 +99,27 @@ def test_news_ensemble_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert (tmp_path / "news_ensemble_pair.png").stat().st_size > 1000
 
     # the same two models as "final fits" on the holdout: the ensemble and each member alone
-    dirs = [str(tmp_path / "runs" / f"news-kfold-{tag}" / "fold-3") for tag in members]
     news_ensemble.main(["--final", *dirs, "--split", "val", "--per-class", "1", "--score-limit", "6", "--name", "pair"])
     final = json.loads((tmp_path / "news_ensemble_pair_final_val.json").read_text())
     assert final["members"] == dirs and sorted(final["alone"]) == sorted(dirs)
     ens = final["ensemble"]
     assert ens["split"] == "val" and ens["n_val"] == 6 and set(ens["composites"]) == {"8192", "16384", "32768", "65536"}
     texts, labels = text_docs("news", "val")
+    assert ens["truncation"]["full"] == np.mean(reference_votes(dirs, texts[:6]) == np.array(labels[:6]))
+    with pytest.raises(SystemExit):  # one directory is not an ensemble
+        news_ensemble.main(["--final", dirs[0], "--name", "pair"])
+
+
+def reference_votes(dirs: list[str], texts: list[str]) -> np.ndarray:
+    """The class an ensemble of the models in `dirs` should pick for each whole text (float64 mean)."""
+    from model_export.hub import load_pretrained
+
     logits = []
     for d in dirs:
         model = load_pretrained(d).eval()
         with torch.no_grad():
-            logits.append(np.stack([model(*encode(t)).numpy()[0] for t in texts[:6]]))
-    assert ens["truncation"]["full"] == np.mean(reference(logits).argmax(-1) == np.array(labels[:6]))
-    with pytest.raises(SystemExit):  # one directory is not an ensemble
-        news_ensemble.main(["--final", dirs[0], "--name", "pair"])
+            logits.append(np.stack([model(*encode(t)).numpy()[0] for t in texts]))
+    return reference(logits).argmax(-1)
 
 
 def encode(text: str) -> tuple[torch.Tensor, torch.Tensor]:
