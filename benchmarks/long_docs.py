@@ -123,6 +123,25 @@ def gap_difference(
     return {"at": at, "points": round(pa - pb, 2), "ci95": [round(float(lo), 2), round(float(hi), 2)]}
 
 
+def pass_probability(
+    right: Mapping[str, Sequence[bool] | np.ndarray],
+    n_docs: int,
+    at: int = GAP_AT,
+    within: float = 0.5,
+    resamples: int = 4000,
+    seed: int = 0,
+) -> float:
+    """How often a test split of `n_docs` documents, drawn with replacement from the documents `right`
+    scores, would show a gap at `at` bytes of at most `within` points: the chance that one look at a split
+    that size meets the target, for a model that behaves on each document as `right` records."""
+    population = len(next(iter(right.values())))
+    sample = np.random.default_rng(seed).integers(0, population, size=(resamples, n_docs))
+    _, gaps = _bootstrap_gaps(right, at, sample)
+    # A tolerance of 1e-9 point: k documents in n give 100 * k / n in floating point, and a gap of exactly
+    # `within` (1 document in 200 is 0.5) meets the target.
+    return float((gaps <= within + 1e-9).mean())
+
+
 def tfidf_kfold_truncation(
     dataset: str,
     head_fit: tuple[int, ...] = (),
