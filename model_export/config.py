@@ -10,6 +10,14 @@ AttentionKind = Literal["softmax", "performer", "ra", "lara"]
 ATTENTION_KINDS: tuple[str, ...] = ("softmax", "performer", "ra", "lara")
 
 
+def _one_of(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    """Literal fields are not checked at run time: a misspelt value in a config.json or an --override would
+    otherwise fall through to the default branch of the code that reads it (e.g. positions "rope" ran as
+    sinusoidal), so it is refused here, naming what is allowed."""
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+
+
 @dataclass(frozen=True)
 class AttentionConfig:
     """How every attention layer of a model mixes tokens (spec sections 2-5, 7)."""
@@ -26,6 +34,8 @@ class AttentionConfig:
     def __post_init__(self) -> None:
         if self.kind not in ATTENTION_KINDS:
             raise ValueError(f"attention kind must be one of {ATTENTION_KINDS}, got {self.kind!r}")
+        _one_of("landmark_module", self.landmark_module, ("light", "none"))
+        _one_of("eval_noise", self.eval_noise, ("mean", "fixed"))
 
 
 @dataclass(frozen=True)
@@ -84,6 +94,9 @@ class TextConfig:
     dropout: float = 0.1
     num_classes: int = 5
     attention: AttentionConfig = field(default_factory=lambda: AttentionConfig(num_landmarks=16))
+
+    def __post_init__(self) -> None:
+        _one_of("positions", self.positions, ("sinusoidal", "conv"))
 
 
 ModelConfig = ViTConfig | TextConfig

@@ -88,3 +88,17 @@ def test_attention_pooling_round_trips_through_save_export_and_load(tmp_path) ->
 def test_bad_pooling_settings_are_refused(overrides: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         create_model("tiny-text", **overrides)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"positions": "rope"}, r"positions must be one of \('sinusoidal', 'conv'\), got 'rope'"),
+        ({"attention": {"eval_noise": "sampled"}}, r"eval_noise must be one of \('mean', 'fixed'\)"),
+        ({"attention": {"landmark_module": "heavy"}}, r"landmark_module must be one of \('light', 'none'\)"),
+    ],
+)
+def test_misspelt_config_choices_are_refused_not_defaulted(overrides: dict, message: str) -> None:
+    # Before the check, positions "rope" built a model with sinusoidal positions and no error.
+    with pytest.raises(ValueError, match=message):
+        create_model("tiny-text", **overrides)
