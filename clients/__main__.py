@@ -1,4 +1,5 @@
-"""`lara predict --model NAME FILE...` (or `python -m clients ...`; also: `models`, `info`, `health`, `loadtest`).
+"""`lara predict --model NAME FILE...` (or `python -m clients ...`; also: `train`, `load`, `models`, `info`, `health`,
+`loadtest`).
 
 Each file is its own request: one file that fails (too long, not an image, unreadable) gets its error on
 its own line and the others still get their labels; the exit status is 1 if any file failed.
@@ -50,6 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("--charset", default="utf-8", help="encoding of the text files (default utf-8)")
         cmd.add_argument("--json", action="store_true", help="one JSON object per file instead of a table")
         cmd.add_argument("files", nargs="+", type=Path)
+    # Its own flags are parsed by model_export.usertrain (`lara train --help`); it needs the [train] extra.
+    sub.add_parser("train", help="train a LARA model on your labelled texts or images", add_help=False)
+    load = sub.add_parser("load", help="load (or reload) a model from the server's model repository")
+    load.add_argument("name", help="the model's folder name in the server's --model-repository")
+    # Also accepted after the subcommand (`lara load NAME --url URL`); SUPPRESS keeps the global value otherwise.
+    load.add_argument("--url", default=argparse.SUPPRESS)
+    load.add_argument("--api-key", default=argparse.SUPPRESS)
     sub.add_parser("models", help="list served models")
     sub.add_parser("info", help="server limits and model cards (GET /info)")
     sub.add_parser("health", help="liveness and readiness")
@@ -68,6 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         given = ["--url", args.url] if args.url and "--url" not in rest else []
         key = ["--api-key", args.api_key] if args.api_key and "--api-key" not in rest else []
         return loadtest_main([*given, *key, *rest])
+    if args.command == "train":
+        return _train(rest, args.api_key)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     with LaraClient(args.url, api_key=args.api_key) as client:
@@ -77,6 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(name)
             elif args.command == "info":
                 print(json.dumps(client.info(), indent=2))
+            elif args.command == "load":
+                print(f"loaded {client.load_from_repository(args.name)} into {args.url}")
             elif args.command == "health":
                 print(json.dumps({"live": client.is_live(), "ready": client.is_ready()}))
             else:
@@ -88,6 +100,38 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: {_transport_message(args.url, exc)}", file=sys.stderr)
             return 1
     return 0
+
+
+_TRAIN_DEPENDENCIES = {"torch", "triton", "safetensors", "onnx", "onnxscript", "tqdm", "sklearn", "matplotlib"}
+
+
+def _train(argv: list[str], api_key: str | None) -> int:
+    """`lara train`: the training code is imported only here, so the lean install (no torch) keeps working."""
+    try:
+        from model_export.usertrain import main as train_main
+    except ImportError as exc:
+        missing = (exc.name or "").split(".")[0]
+        if missing not in _TRAIN_DEPENDENCIES:
+            raise
+        print(
+            f"error: `lara train` needs the training extra (missing: {missing}); install it with "
+            "pip install 'lara-serve[train]'",
+            file=sys.stderr,
+        )
+        return 1
+    if api_key and "--api-key" not in argv:
+        argv = [*argv, "--api-key", api_key]
+    return train_main(argv, load=load_into)
+
+
+def load_into(url: str, name: str, api_key: str | None) -> str:
+    """--load-into: ask the server at `url` to load `name` from its repository folder."""
+    with LaraClient(url, api_key=api_key, timeout_s=300.0) as client:
+        try:
+            client.load_from_repository(name)
+        except httpx.TransportError as exc:
+            raise RuntimeError(_transport_message(url, exc)) from None
+    return f"loaded {name} into {url}"
 
 
 def _transport_message(url: str, exc: httpx.TransportError) -> str:

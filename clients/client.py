@@ -105,6 +105,30 @@ class LaraClient:
     def metadata(self, model: str) -> dict[str, Any]:
         return dict(self._request("GET", f"/v2/models/{model}").json())
 
+    # -- model repository (the server's --model-control explicit) -----------------------------------
+
+    def repository_index(self) -> list[dict[str, Any]]:
+        """Every model of the server's repository folder: name, state (READY/UNAVAILABLE), reason."""
+        return list(self._request("POST", "/v2/repository/index", json={}).json())
+
+    def load_model(self, name: str) -> None:
+        """(Re)load `name` from the server's own model repository; the old instance serves until it is ready."""
+        self._request("POST", f"/v2/repository/models/{name}/load", json={})
+
+    def load_from_repository(self, name: str) -> str:
+        """Load a model that lies in the server's repository folder; a clear LaraError when the server
+        cannot see it (the server reads its own --model-repository, never a path sent to it)."""
+        names = sorted(m["name"] for m in self.repository_index())
+        if name not in names:
+            raise LaraError(
+                404,
+                f"the server's model repository has no folder {name!r} (it has {names}); the server loads only "
+                "from its own --model-repository: train with --out <that folder>/<name>, or copy the model "
+                "folder there, then load it",
+            )
+        self.load_model(name)
+        return name
+
     # -- v1 ------------------------------------------------------------------------------------------
 
     def predict(

@@ -167,7 +167,7 @@ class DecodeBudget:
 
 
 def image_item(data: bytes, prep: ImagePreprocessing, max_pixels: int, budget: DecodeBudget | None = None) -> Item:
-    """Encoded image -> grayscale, bilinear resize, [0, 1], (x - mean) / std as [1, H, W] float32."""
+    """Encoded image -> grayscale (or RGB), bilinear resize, [0, 1], (x - mean) / std as [C, H, W] float32."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -177,7 +177,8 @@ def image_item(data: bytes, prep: ImagePreprocessing, max_pixels: int, budget: D
                 raise too_large(f"image has {width}x{height} pixels; at most {max_pixels} are allowed")
             held = budget.acquire(width * height) if budget is not None else 0
             try:
-                image = image.convert("L").resize((prep.width, prep.height), Image.Resampling.BILINEAR)
+                mode = "L" if prep.channels == 1 else "RGB"
+                image = image.convert(mode).resize((prep.width, prep.height), Image.Resampling.BILINEAR)
             finally:
                 if budget is not None:
                     budget.release(held)
@@ -189,9 +190,9 @@ def image_item(data: bytes, prep: ImagePreprocessing, max_pixels: int, budget: D
         raise invalid(
             f"cannot decode the image ({type(exc).__name__}); send a valid " + "/".join(IMAGE_FORMATS)
         ) from None
-    pixels = np.asarray(image, dtype=np.float32) / 255.0  # [H, W]
+    pixels = np.asarray(image, dtype=np.float32).reshape(prep.height, prep.width, -1) / 255.0  # [H, W, C]
     pixels = (pixels - np.float32(prep.mean)) / np.float32(prep.std)
-    return Item({PIXELS: pixels[None].astype(np.float32)}, length=1)  # [1, H, W]
+    return Item({PIXELS: np.ascontiguousarray(pixels.transpose(2, 0, 1), dtype=np.float32)}, length=1)  # [C, H, W]
 
 
 def image_items_from_tensors(tensors: dict[str, np.ndarray], config: ModelConfig) -> list[Item]:

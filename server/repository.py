@@ -39,7 +39,7 @@ class ImagePreprocessing(BaseModel):
     kind: Literal["image"]
     height: int = Field(gt=0)
     width: int = Field(gt=0)
-    channels: Literal[1] = 1
+    channels: Literal[1, 3] = 1  # 1: grayscale (L), 3: RGB
     mean: float = 0.0
     std: float = Field(1.0, gt=0.0)
 

@@ -61,6 +61,13 @@ def test_no_torch_or_dev_tools(lean_venv: Path) -> None:
     assert _size_mb(lean_venv) < 300  # measured 170 MB here (230 MB with pip and .pyc files); [dev]: 2.3 GB
 
 
+def test_lara_train_says_how_to_get_the_training_extra(lean_venv: Path, tmp_path: Path) -> None:
+    done = subprocess.run([str(lean_venv / "bin" / "lara"), "train", "data.jsonl", "--out", str(tmp_path / "m")],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 1 and "pip install 'lara-serve[train]'" in done.stderr, done.stderr
+    assert not (tmp_path / "m").exists()
+
+
 def test_lara_serve_serves_the_shipped_models(lean_venv: Path, tmp_path: Path) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"

@@ -1,0 +1,281 @@
+"""The training loop of `lara train`: dataset-agnostic, budgeted, interruptible, resumable to the same result.
+
+A task (model_export.tasks.ImageTask, model_export.long_docs.LengthMixTask) yields (inputs, labels) batches
+from a seeded generator per epoch; this loop knows nothing else about the data. It reuses the shipped
+recipe's pieces (model_export.train: warmup + cosine on training progress, per-epoch noise reseeding).
+
+Resume gives the uninterrupted run's weights: a checkpoint holds the weights, the optimizer, the global RNG
+(dropout, drop-path), every attention layer's noise generator and the position inside the epoch; resuming
+rebuilds that epoch's batch stream from its seed and skips the batches already trained on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from model_export.layers import Attention
+from model_export.train import reseed_noise, warmup_cosine
+
+Progress = Literal["bar", "json", "quiet"]
+_BUDGET_PROBE_STEPS = 5  # steps timed before projecting the epoch time against --time-budget
+
+
+class TrainingStopped(RuntimeError):
+    """Ctrl-C: a checkpoint was saved; the message says how to resume."""
+
+
+class ResumeError(ValueError):
+    """--resume without a checkpoint, or with one made by other settings."""
+
+
+class BudgetTooSmall(ValueError):
+    """The time budget cannot hold one epoch; `minimum_min` is the smallest budget that would."""
+
+    def __init__(self, message: str, minimum_min: float) -> None:
+        super().__init__(message)
+        self.minimum_min = minimum_min
+
+
+@dataclass(frozen=True)
+class FitSettings:
+    lr: float
+    weight_decay: float
+    label_smoothing: float
+    batch_size: int
+    epochs: int | None  # None: as many as the time budget holds
+    time_budget_s: float | None  # None: --epochs decides
+    seed: int
+    warmup: float = 0.05
+
+
+@dataclass
+class FitState:
+    epoch: int = 0  # epochs finished
+    step: int = 0  # optimizer steps over all epochs
+    step_in_epoch: int = 0  # > 0 only in a checkpoint written by Ctrl-C mid-epoch
+    train_time_s: float = 0.0
+    seen: int = 0  # examples, correct predictions and summed loss of the current epoch so far
+    correct: int = 0
+    loss_sum: float = 0.0
+    history: list[dict[str, Any]] | None = None
+
+
+class Reporter:
+    """What a person (tqdm bar with ETA, a line per epoch) or a script (JSON lines) sees of the run."""
+
+    def __init__(self, mode: Progress, total: float, unit: str) -> None:
+        self.mode, self.bar = mode, None
+        if mode == "bar":
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit=unit, dynamic_ncols=True, mininterval=1.0, leave=False)
+
+    def step(self, advance: float, loss: float, acc: float) -> None:
+        if self.bar is not None:
+            self.bar.update(advance)
+            self.bar.set_postfix(loss=f"{loss:.3f}", acc=f"{acc:.3f}", refresh=False)
+
+    def event(self, record: dict[str, Any]) -> None:
+        if self.mode == "json":
+            print(json.dumps(record), flush=True)
+        elif self.mode == "bar" and record.get("event") == "epoch":
+            self.bar.write(  # type: ignore[union-attr]
+                f"epoch {record['epoch']}: loss {record['train_loss']:.4f}  train acc {record['train_acc']:.4f}  "
+                f"holdout acc {record['holdout_acc']:.4f}  ({record['train_time_s']:.0f} s)"
+            )
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _attention_generators(model: nn.Module) -> list[torch.Generator]:
+    return [m.generator for m in model.modules() if isinstance(m, Attention)]
+
+
+def save_checkpoint(ckpt: Path, model: nn.Module, opt: torch.optim.Optimizer, state: FitState, meta: dict) -> None:
+    """Written next to a temporary name and renamed: an interrupt while saving leaves the previous one whole."""
+    tmp = ckpt.with_name(ckpt.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(tmp / "model.safetensors"))
+    # Pickled optimizer and RNG state lives only here, in the resume checkpoint, never in the model folder.
+    torch.save(
+        {
+            "opt": opt.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "noise_rng": [g.get_state() for g in _attention_generators(model)],
+        },
+        tmp / "optim.pt",
+    )
+    (tmp / "state.json").write_text(json.dumps({"state": asdict(state), "meta": meta}, indent=2))
+    if ckpt.exists():
+        for f in ckpt.iterdir():
+            f.unlink()
+        ckpt.rmdir()
+    tmp.rename(ckpt)
+
+
+def load_checkpoint(ckpt: Path, model: nn.Module, opt: torch.optim.Optimizer, meta: dict) -> tuple[FitState, list]:
+    """Restore weights, optimizer and global RNG; returns the state and the attention noise states."""
+    if not (ckpt / "state.json").is_file():
+        raise ResumeError(f"--resume: no checkpoint in {ckpt}; start without --resume")
+    saved = json.loads((ckpt / "state.json").read_text())
+    differs = sorted(k for k in meta if saved["meta"].get(k) != meta[k])
+    if differs:
+        raise ResumeError(
+            f"--resume: the checkpoint in {ckpt} was made with other settings ({', '.join(differs)}); "
+            "rerun the original command with --resume, or start again without it"
+        )
+    model.load_state_dict(load_file(str(ckpt / "model.safetensors")))
+    o = torch.load(ckpt / "optim.pt", weights_only=True)
+    opt.load_state_dict(o["opt"])
+    torch.set_rng_state(o["torch_rng"])
+    return FitState(**saved["state"]), o["noise_rng"]
+
+
+def make_optimizer(model: nn.Module, s: FitSettings) -> torch.optim.Optimizer:
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (no_decay if p.ndim <= 1 or "pos_embed" in name else decay).append(p)
+    groups = [{"params": decay, "weight_decay": s.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=s.lr)
+
+
+class _StopFlag:
+    """Ctrl-C sets the flag (the step in flight finishes, then a checkpoint is written); a second Ctrl-C
+    gets Python's default behaviour and stops at once."""
+
+    def __init__(self) -> None:
+        self.set = False
+        self._previous: Any = None
+
+    def __enter__(self) -> _StopFlag:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.set = True
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+def fit(
+    model: nn.Module,
+    task: Any,
+    holdout_accuracy: Callable[[nn.Module], float],
+    s: FitSettings,
+    ckpt: Path,
+    meta: dict[str, Any],
+    resume: bool = False,
+    progress: Progress = "bar",
+) -> FitState:
+    """Train `model` on `task`; returns the final state (history: one record per epoch)."""
+    steps_epoch = task.steps_per_epoch(s.batch_size)
+    max_epochs = s.epochs if s.epochs is not None else 1_000_000
+    total = steps_epoch * max_epochs
+    opt = make_optimizer(model, s)
+    loss_fn = nn.CrossEntropyLoss(label_smoothing=s.label_smoothing)
+    state, noise = FitState(history=[]), None
+    if resume:
+        state, noise = load_checkpoint(ckpt, model, opt, meta)
+
+    def progress_at(elapsed: float) -> float:
+        by_steps = state.step / total if s.epochs is not None else 0.0
+        return max(by_steps, elapsed / s.time_budget_s if s.time_budget_s else 0.0)
+
+    def out_of_time(elapsed: float) -> bool:
+        return state.step >= total or (s.time_budget_s is not None and elapsed >= s.time_budget_s)
+
+    budgeted = s.time_budget_s is not None and s.epochs is None
+    rep = Reporter(progress, s.time_budget_s if budgeted else total, "s" if budgeted else "step")
+    rep.step(state.train_time_s if budgeted else state.step, 0.0, 0.0)
+    try:
+        with _StopFlag() as stop:
+            for epoch in range(state.epoch, max_epochs):
+                if out_of_time(state.train_time_s):
+                    break
+                _run_epoch(model, task, opt, loss_fn, s, state, epoch, noise, stop, rep, progress_at, out_of_time,
+                           steps_epoch, ckpt, meta)  # fmt: skip
+                noise = None
+                record = {
+                    "event": "epoch",
+                    "epoch": epoch + 1,
+                    "steps": state.step,
+                    "train_loss": state.loss_sum / max(state.seen, 1),
+                    "train_acc": state.correct / max(state.seen, 1),
+                    "holdout_acc": holdout_accuracy(model),
+                    "train_time_s": round(state.train_time_s, 3),
+                }
+                state.history.append(record)  # type: ignore[union-attr]
+                state.epoch, state.step_in_epoch, state.seen, state.correct, state.loss_sum = epoch + 1, 0, 0, 0, 0.0
+                save_checkpoint(ckpt, model, opt, state, meta)
+                rep.event(record)
+    finally:
+        rep.close()
+    return state
+
+
+def _run_epoch(model, task, opt, loss_fn, s, state, epoch, noise, stop, rep, progress_at, out_of_time,
+               steps_epoch, ckpt, meta) -> None:  # fmt: skip
+    """One epoch from state.step_in_epoch on; updates `state` in place; Ctrl-C saves and raises."""
+    model.train()
+    reseed_noise(model, s.seed, epoch)
+    if noise is not None:  # resumed mid-epoch: the noise streams continue where they were
+        for g, st in zip(_attention_generators(model), noise, strict=True):
+            g.set_state(st)
+    batches = iter(task.train_batches(s.batch_size, torch.Generator().manual_seed(s.seed * 1000 + epoch)))
+    for _ in range(state.step_in_epoch):  # replays the generator's draws (order, augmentation) untrained
+        next(batches)
+    t0, base = time.perf_counter(), state.train_time_s
+    for inputs, labels, *_ in batches:
+        elapsed = base + time.perf_counter() - t0
+        for group in opt.param_groups:
+            group["lr"] = s.lr * warmup_cosine(progress_at(elapsed), s.warmup)
+        logits = model(**inputs)
+        loss = loss_fn(logits, labels)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        state.step += 1
+        state.step_in_epoch += 1
+        state.seen += len(labels)
+        state.correct += int((logits.argmax(-1) == labels).sum())
+        state.loss_sum += loss.item() * len(labels)
+        now = base + time.perf_counter() - t0
+        rep.step(now - elapsed if s.epochs is None and s.time_budget_s else 1, state.loss_sum / state.seen,
+                 state.correct / state.seen)  # fmt: skip
+        state.train_time_s = now
+        if epoch == 0 and (state.step_in_epoch == min(_BUDGET_PROBE_STEPS, steps_epoch) or out_of_time(now)):
+            _check_budget(s, now / state.step_in_epoch * steps_epoch)
+        if stop.set:
+            save_checkpoint(ckpt, model, opt, state, meta)
+            raise TrainingStopped(f"interrupted at step {state.step}; checkpoint saved in {ckpt}")
+        if out_of_time(now):
+            break
+
+
+def _check_budget(s: FitSettings, epoch_s: float) -> None:
+    if s.time_budget_s is not None and epoch_s > s.time_budget_s:
+        minimum = math.ceil(epoch_s * 1.2 / 6.0) / 10.0  # minutes, one decimal, 20% above the projection
+        raise BudgetTooSmall(
+            f"--time-budget {s.time_budget_s / 60:g} min is too small to finish one epoch here "
+            f"(one epoch takes about {epoch_s / 60:.2f} min); use --time-budget {minimum:g} or more",
+            minimum,
+        )
