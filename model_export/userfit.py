@@ -196,11 +196,13 @@ def fit(
         state, noise = load_checkpoint(ckpt, model, opt, meta)
 
     def progress_at(elapsed: float) -> float:
-        by_steps = state.step / total if s.epochs is not None else 0.0
-        return max(by_steps, elapsed / s.time_budget_s if s.time_budget_s else 0.0)
+        # Epochs done (the current one by its share of the estimated steps: a length-mix epoch's step count
+        # varies a little) or the share of the time budget spent, whichever is further.
+        by_epochs = (state.epoch + min(1.0, state.step_in_epoch / steps_epoch)) / max_epochs if s.epochs else 0.0
+        return max(by_epochs, elapsed / s.time_budget_s if s.time_budget_s else 0.0)
 
     def out_of_time(elapsed: float) -> bool:
-        return state.step >= total or (s.time_budget_s is not None and elapsed >= s.time_budget_s)
+        return s.time_budget_s is not None and elapsed >= s.time_budget_s
 
     budgeted = s.time_budget_s is not None and s.epochs is None
     rep = Reporter(progress, s.time_budget_s if budgeted else total, "s" if budgeted else "step")

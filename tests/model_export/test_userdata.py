@@ -15,7 +15,7 @@ from model_export import userdata as ud
 
 ROWS = [
     ("the match ended with a late goal", "sport"),
-    ("shares fell, the market, as \"traders\" sold", "money"),
+    ('shares fell, the market, as "traders" sold', "money"),
     ("a new chip for phones\nand laptops", "tech"),  # a line break inside a field
     ("the coach praised the team", "sport"),
     ("the bank raised its rates", "money"),

@@ -1,0 +1,239 @@
+"""`lara train` end to end at tiny sizes: data -> model folder -> served by a live server -> classified.
+
+One text model (JSONL) and one image model (a folder of RGB PNGs of two sizes, added to the running server
+with --load-into) are trained once per module; the other tests reuse them or fail before training.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from clients.__main__ import main as lara
+from clients.client import LaraClient
+from model_export import userfit
+from model_export.hub import load_pretrained
+from model_export.long_docs import LengthMixTask
+from model_export.registry import build_model, get_config
+from model_export.usertrain import main as train_main
+from server.testing import server_process
+
+TINY_TEXT = ["--arch", "tiny-text", "--init", "none", "--max-length", "1024", "--threads", "1", "--quiet"]
+TINY_IMAGE = ["--arch", "tiny-vit", "--threads", "1", "--quiet", "--image-size", "12"]
+VOCAB = {
+    "sport": ["goal", "match", "team", "win", "score", "league", "coach"],
+    "tech": ["chip", "software", "computer", "data", "cloud", "phone"],
+    "money": ["bank", "market", "stock", "price", "profit", "trade"],
+}
+
+
+def write_texts(path: Path, per_label: int = 16, seed: int = 0) -> None:
+    rng = random.Random(seed)
+    with path.open("w") as f:
+        for i in range(per_label * len(VOCAB)):
+            label = list(VOCAB)[i % len(VOCAB)]
+            words = [rng.choice(VOCAB[label] + ["the", "a", "of"]) for _ in range(rng.randint(8, 80))]
+            f.write(json.dumps({"text": " ".join(words), "label": label}) + "\n")
+
+
+def write_images(root: Path, per_label: int = 12) -> None:
+    """Two labels: the bright half is the left or the right one; RGB, two sizes (the model resizes)."""
+    rng = np.random.default_rng(0)
+    for label, side in (("left", 0), ("right", 1)):
+        (root / label).mkdir(parents=True)
+        for i in range(per_label):
+            w, h = (16, 16) if i % 2 else (20, 14)
+            x = rng.integers(0, 60, size=(h, w, 3), dtype=np.uint8)
+            x[:, side * w // 2 : (side + 1) * w // 2] += 180
+            Image.fromarray(x, mode="RGB").save(root / label / f"{i}.png")
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("usertrain")
+    write_texts(root / "news.jsonl")
+    write_images(root / "images")
+    rc = train_main([str(root / "news.jsonl"), "--out", str(root / "repo" / "news"), *TINY_TEXT, "--epochs", "3",
+                     "--lr", "3e-3"])  # fmt: skip
+    assert rc == 0
+    return root
+
+
+@pytest.fixture(scope="module")
+def live_url(work: Path) -> Iterator[str]:
+    env = {"LARA_MODEL_REPOSITORY": str(work / "repo"), "LARA_MODEL_CONTROL": "explicit", "LARA_NUM_THREADS": "1",
+           "LARA_MAX_QUEUE_DELAY_MS": "1"}  # fmt: skip
+    with server_process(["--log-level", "warning"], env=env) as url:
+        yield url
+
+
+def test_text_model_folder_is_complete(work: Path) -> None:
+    out = work / "repo" / "news"
+    files = {p.name for p in out.iterdir()}
+    assert {"config.json", "1", "split.json", "report.json", "report.md", "confusion.png", "reliability.png",
+            "training.png", "accuracy_by_length.png"} <= files  # fmt: skip
+    assert {p.name for p in (out / "1").iterdir()} == {"model.onnx", "model.safetensors"}
+    conf = json.loads((out / "config.json").read_text())
+    assert conf["name"] == "news" and conf["labels"] == ["money", "sport", "tech"] and conf["task"] == "text"
+    assert conf["preprocessing"]["max_length"] == 1024 and conf["export"]["lara_nodes"] == 1
+    assert conf["split"]["counts"] == {"train": 36, "holdout": 3, "test": 9}
+    assert conf["calibration"]["temperature"] > 0 and len(conf["metrics"]["history"]) == 3
+    split = json.loads((out / "split.json").read_text())
+    assert len(split["ids"]["test"]) == 9 and split["ids"]["test"][0].startswith("line ")
+    report = json.loads((out / "report.json").read_text())
+    assert report["baseline"]["name"].startswith("TF-IDF") and 0.0 <= report["lara"]["accuracy"] <= 1.0
+    assert not (work / "repo" / ".news.lara-train").exists()  # the work folder goes once the model is in place
+
+
+def _torch_probs(model_dir: Path, inputs: dict[str, torch.Tensor]) -> np.ndarray:
+    with torch.inference_mode():
+        return torch.softmax(load_pretrained(model_dir)(**inputs), -1)[0].numpy()
+
+
+def test_served_text_model_matches_torch(work: Path, live_url: str) -> None:
+    text = "the bank and the market: stock price and profit"
+    with LaraClient(live_url) as client:
+        got = client.classify("news", text.encode(), "text/plain", top_k=3)
+    ids = torch.tensor([[b + 1 for b in text.encode()]])
+    probs = _torch_probs(work / "repo" / "news", {"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+    labels = ["money", "sport", "tech"]
+    assert got.label == labels[int(probs.argmax())]
+    assert {t.label: t.score for t in got.top_k} == pytest.approx(
+        dict(zip(labels, probs.tolist(), strict=True)), abs=1e-4
+    )
+
+
+def test_image_folder_trained_and_loaded_into_a_live_server(work: Path, live_url: str) -> None:
+    out = work / "repo" / "shapes"
+    rc = lara(["train", str(work / "images"), "--out", str(out), *TINY_IMAGE, "--epochs", "2",
+               "--load-into", live_url])  # fmt: skip
+    assert rc == 0
+    conf = json.loads((out / "config.json").read_text())
+    assert conf["preprocessing"] == {"kind": "image", "height": 12, "width": 12, "channels": 3,
+                                     "mean": conf["preprocessing"]["mean"], "std": conf["preprocessing"]["std"]}  # fmt: skip
+    png = work / "images" / "left" / "0.png"
+    with LaraClient(live_url) as client:
+        assert "shapes" in client.models()
+        got = client.classify("shapes", png.read_bytes(), "image/png", top_k=2)
+    pix = np.asarray(Image.open(png).convert("RGB").resize((12, 12), Image.Resampling.BILINEAR), np.float32) / 255
+    pix = (pix - conf["preprocessing"]["mean"]) / conf["preprocessing"]["std"]
+    probs = _torch_probs(out, {"pixel_values": torch.from_numpy(pix.transpose(2, 0, 1)[None].copy())})
+    assert {t.label: t.score for t in got.top_k} == pytest.approx({"left": probs[0], "right": probs[1]}, abs=1e-4)
+    # `lara load` reloads it; a name the server's repository does not hold is refused with where to put it.
+    assert lara(["--url", live_url, "load", "shapes"]) == 0
+    assert lara(["load", "elsewhere", "--url", live_url]) == 1
+
+
+def test_lara_load_names_the_servers_repository(work: Path, live_url: str, capsys: pytest.CaptureFixture) -> None:
+    assert lara(["load", "nowhere", "--url", live_url]) == 1
+    assert "only from its own --model-repository" in capsys.readouterr().err
+
+
+def test_a_folder_with_a_model_is_refused_and_left_alone(work: Path, capsys: pytest.CaptureFixture) -> None:
+    out = work / "repo" / "news"
+    before = (out / "1" / "model.safetensors").read_bytes()
+    assert train_main([str(work / "news.jsonl"), "--out", str(out), *TINY_TEXT, "--epochs", "1"]) == 2
+    assert "already holds a model; pass --overwrite" in capsys.readouterr().err
+    assert (out / "1" / "model.safetensors").read_bytes() == before
+
+
+def test_bad_data_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"text": "a", "label": "x"}\n{"text": "b", "label": "y"}\n{"text": "c" "label": "y"}\n')
+    assert train_main([str(data), "--out", str(tmp_path / "m"), *TINY_TEXT]) == 2
+    assert "d.jsonl line 3: not valid JSON" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.jsonl"]
+
+
+def test_a_budget_below_one_epoch_says_the_minimum(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    write_texts(tmp_path / "d.jsonl", per_label=40)
+    args = [str(tmp_path / "d.jsonl"), "--out", str(tmp_path / "m"), *TINY_TEXT, "--time-budget", "0.0001"]
+    assert train_main(args) == 2
+    err = capsys.readouterr().err
+    assert "too small to finish one epoch" in err and "use --time-budget" in err
+    assert not (tmp_path / "m").exists()
+
+
+def _text_task(tmp_path: Path) -> tuple[LengthMixTask, list[bytes]]:
+    write_texts(tmp_path / "d.jsonl", per_label=10)
+    rows = [json.loads(line) for line in (tmp_path / "d.jsonl").read_text().splitlines()]
+    raws = [r["text"].encode() for r in rows]
+    labels = torch.tensor([list(VOCAB).index(r["label"]) for r in rows])
+    task = LengthMixTask(raws, labels, 1024, min_length=32, max_length=512, composite_prob=0.2,
+                         composite_min=64, composite_max=512, tokens_per_batch=1024)  # fmt: skip
+    return task, raws
+
+
+def test_resume_after_ctrl_c_gives_the_uninterrupted_result(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    task, _ = _text_task(tmp_path)
+    cfg = get_config("tiny-text", num_classes=3, max_length=1024, dropout=0.2)  # dropout: the global RNG matters
+    settings = userfit.FitSettings(lr=3e-3, weight_decay=0.01, label_smoothing=0.1, batch_size=0, epochs=2,
+                                   time_budget_s=None, seed=3)  # fmt: skip
+    steps_epoch = task.steps_per_epoch(0)
+    assert steps_epoch >= 3
+
+    def run(ckpt: Path, resume: bool = False) -> tuple[torch.nn.Module, userfit.FitState]:
+        torch.manual_seed(3)  # as `lara train` does before building: the init draws from the global RNG
+        model = build_model(cfg, seed=3)
+        state = userfit.fit(model, task, lambda m: 0.5, settings, ckpt, {"run": 1}, resume=resume, progress="quiet")
+        return model, state
+
+    whole, whole_state = run(tmp_path / "a")
+    calls = {"n": 0}
+    real_step = userfit.Reporter.step
+
+    def step_then_ctrl_c(self, *a, **k):  # the 2nd step of the second epoch: mid-epoch
+        real_step(self, *a, **k)
+        calls["n"] += 1
+        if calls["n"] == 1 + whole_state.history[0]["steps"] + 2:
+            signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(userfit.Reporter, "step", step_then_ctrl_c)
+    with pytest.raises(userfit.TrainingStopped, match="checkpoint saved"):
+        run(tmp_path / "b")
+    monkeypatch.setattr(userfit.Reporter, "step", real_step)
+    state = json.loads((tmp_path / "b" / "state.json").read_text())["state"]
+    assert (state["epoch"], state["step_in_epoch"]) == (1, 2)
+    resumed, resumed_state = run(tmp_path / "b", resume=True)
+    assert resumed_state.step == whole_state.step and resumed_state.epoch == 2
+    for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    assert [h["train_loss"] for h in resumed_state.history] == pytest.approx(
+        [h["train_loss"] for h in whole_state.history]
+    )
+    with pytest.raises(userfit.ResumeError, match="other settings"):
+        userfit.fit(build_model(cfg, seed=3), task, lambda m: 0.5, settings, tmp_path / "b", {"run": 2}, resume=True,
+                    progress="quiet")  # fmt: skip
+    shutil.rmtree(tmp_path / "a")
+
+
+def test_ctrl_c_then_resume_through_the_command(work: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture) -> None:  # fmt: skip
+    args = [str(work / "images"), *TINY_IMAGE, "--epochs", "2", "--no-baseline", "--seed", "5"]
+    assert train_main([*args, "--out", str(tmp_path / "whole")]) == 0
+    calls = {"n": 0}
+    real_step = userfit.Reporter.step
+
+    def step_then_ctrl_c(self, *a, **k):
+        real_step(self, *a, **k)
+        calls["n"] += 1
+        if calls["n"] == 3:
+            signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(userfit.Reporter, "step", step_then_ctrl_c)
+    assert train_main([*args, "--out", str(tmp_path / "cut")]) == 130
+    assert "rerun the same command with --resume" in capsys.readouterr().err
+    assert not (tmp_path / "cut").exists() and (tmp_path / ".cut.lara-train" / "ckpt" / "state.json").is_file()
+    monkeypatch.setattr(userfit.Reporter, "step", real_step)
+    assert train_main([*args, "--out", str(tmp_path / "cut"), "--resume"]) == 0
+    weights = "1/model.safetensors"
+    assert (tmp_path / "cut" / weights).read_bytes() == (tmp_path / "whole" / weights).read_bytes()
