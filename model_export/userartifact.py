@@ -129,7 +129,7 @@ def finish(args: argparse.Namespace, prep: Any, state: FitState, stage: Path) ->
         "name": args.out.name,
         "task": prep.data.task,
         "data": str(prep.data.source),
-        "model": prep.cfg.arch,
+        "model": prep.hp["arch"],
         "split": {"how": how, **split["counts"]},
         "lara": lara,
         "baseline": baseline,

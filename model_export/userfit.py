@@ -27,9 +27,12 @@ from torch import nn
 
 from model_export.layers import Attention
 from model_export.train import reseed_noise, warmup_cosine
+from model_export.userdist import Group
 
 Progress = Literal["bar", "json", "quiet"]
-_BUDGET_PROBE_STEPS = 5  # steps timed before projecting the epoch time against --time-budget
+# Steps timed before the epoch time is projected against --time-budget: 5% of the first epoch, at least 5;
+# the first step (allocator and thread-pool warm-up) is timed apart so it does not inflate the rate.
+_PROBE_SHARE, _PROBE_MIN = 0.05, 5
 
 
 class TrainingStopped(RuntimeError):
@@ -80,7 +83,8 @@ class Reporter:
         if mode == "bar":
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, unit=unit, dynamic_ncols=True, mininterval=1.0, leave=False)
+            fmt = "{l_bar}{bar}| {n:.0f}/{total:.0f} " + unit + " [{elapsed}<{remaining}{postfix}]"
+            self.bar = tqdm(total=total, unit=unit, dynamic_ncols=True, mininterval=1.0, leave=False, bar_format=fmt)
 
     def step(self, advance: float, loss: float, acc: float) -> None:
         if self.bar is not None:
@@ -184,8 +188,10 @@ def fit(
     meta: dict[str, Any],
     resume: bool = False,
     progress: Progress = "bar",
+    group: Group = Group(),
 ) -> FitState:
-    """Train `model` on `task`; returns the final state (history: one record per epoch)."""
+    """Train `model` on `task`; returns the final state (history: one record per epoch). With a group of
+    several processes (model_export.userdist) each trains on its share of every batch; process 0 saves."""
     steps_epoch = task.steps_per_epoch(s.batch_size)
     max_epochs = s.epochs if s.epochs is not None else 1_000_000
     total = steps_epoch * max_epochs
@@ -205,7 +211,8 @@ def fit(
         return s.time_budget_s is not None and elapsed >= s.time_budget_s
 
     budgeted = s.time_budget_s is not None and s.epochs is None
-    rep = Reporter(progress, s.time_budget_s if budgeted else total, "s" if budgeted else "step")
+    rep = Reporter(progress if group.main else "quiet", s.time_budget_s if budgeted else total,
+                   "s" if budgeted else "step")  # fmt: skip
     rep.step(state.train_time_s if budgeted else state.step, 0.0, 0.0)
     try:
         with _StopFlag() as stop:
@@ -213,7 +220,7 @@ def fit(
                 if out_of_time(state.train_time_s):
                     break
                 _run_epoch(model, task, opt, loss_fn, s, state, epoch, noise, stop, rep, progress_at, out_of_time,
-                           steps_epoch, ckpt, meta)  # fmt: skip
+                           steps_epoch, ckpt, meta, group)  # fmt: skip
                 noise = None
                 record = {
                     "event": "epoch",
@@ -226,7 +233,8 @@ def fit(
                 }
                 state.history.append(record)  # type: ignore[union-attr]
                 state.epoch, state.step_in_epoch, state.seen, state.correct, state.loss_sum = epoch + 1, 0, 0, 0, 0.0
-                save_checkpoint(ckpt, model, opt, state, meta)
+                if group.main:
+                    save_checkpoint(ckpt, model, opt, state, meta)
                 rep.event(record)
     finally:
         rep.close()
@@ -234,7 +242,7 @@ def fit(
 
 
 def _run_epoch(model, task, opt, loss_fn, s, state, epoch, noise, stop, rep, progress_at, out_of_time,
-               steps_epoch, ckpt, meta) -> None:  # fmt: skip
+               steps_epoch, ckpt, meta, group) -> None:  # fmt: skip
     """One epoch from state.step_in_epoch on; updates `state` in place; Ctrl-C saves and raises."""
     model.train()
     reseed_noise(model, s.seed, epoch)
@@ -245,29 +253,43 @@ def _run_epoch(model, task, opt, loss_fn, s, state, epoch, noise, stop, rep, pro
     for _ in range(state.step_in_epoch):  # replays the generator's draws (order, augmentation) untrained
         next(batches)
     t0, base = time.perf_counter(), state.train_time_s
-    for inputs, labels, *_ in batches:
-        elapsed = base + time.perf_counter() - t0
-        for group in opt.param_groups:
-            group["lr"] = s.lr * warmup_cosine(progress_at(elapsed), s.warmup)
-        logits = model(**inputs)
-        loss = loss_fn(logits, labels)
+    first = None  # seconds at the end of the first step (epoch 0, not resumed)
+    for batch_inputs, batch_labels, *_ in batches:
+        elapsed = state.train_time_s  # the clock as of the last step (the same in every process)
+        for param_group in opt.param_groups:
+            param_group["lr"] = s.lr * warmup_cosine(progress_at(elapsed), s.warmup)
+        inputs, labels, share = group.shard(batch_inputs, batch_labels)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        if len(labels):
+            logits = model(**inputs)
+            loss = loss_fn(logits, labels)
+            (loss * share if share != 1.0 else loss).backward()
+            correct, loss_sum = int((logits.argmax(-1) == labels).sum()), loss.item() * len(labels)
+        else:  # a batch smaller than the group: this process adds zero gradients
+            correct, loss_sum = 0, 0.0
+        group.reduce_gradients(model)
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        correct, loss_sum, seen, now, stopping = group.reduce_step(
+            correct, loss_sum, len(labels), base + time.perf_counter() - t0, stop.set
+        )
         state.step += 1
         state.step_in_epoch += 1
-        state.seen += len(labels)
-        state.correct += int((logits.argmax(-1) == labels).sum())
-        state.loss_sum += loss.item() * len(labels)
-        now = base + time.perf_counter() - t0
+        state.seen += seen
+        state.correct += correct
+        state.loss_sum += loss_sum
         rep.step(now - elapsed if s.epochs is None and s.time_budget_s else 1, state.loss_sum / state.seen,
                  state.correct / state.seen)  # fmt: skip
         state.train_time_s = now
-        if epoch == 0 and (state.step_in_epoch == min(_BUDGET_PROBE_STEPS, steps_epoch) or out_of_time(now)):
-            _check_budget(s, now / state.step_in_epoch * steps_epoch)
-        if stop.set:
-            save_checkpoint(ckpt, model, opt, state, meta)
+        if epoch == 0 and state.step_in_epoch == 1:
+            first = now
+        probe = max(_PROBE_MIN, round(_PROBE_SHARE * steps_epoch))
+        if epoch == 0 and first is not None and (state.step_in_epoch == min(probe, steps_epoch) or out_of_time(now)):
+            rate = (now - first) / (state.step_in_epoch - 1) if state.step_in_epoch > 1 else now
+            _check_budget(s, first + rate * (steps_epoch - 1))
+        if stopping:
+            if group.main:
+                save_checkpoint(ckpt, model, opt, state, meta)
             raise TrainingStopped(f"interrupted at step {state.step}; checkpoint saved in {ckpt}")
         if out_of_time(now):
             break

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from model_export import userdata as ud
+from model_export import userdist
 from model_export.config import TextConfig, config_from_dict
 from model_export.data import pad_batch
 from model_export.long_docs import LengthMixTask, length_groups, to_ids
@@ -234,6 +235,7 @@ def prepare(args: argparse.Namespace) -> Prepared:
 
     if args.lr is not None:
         hp["lr"] = args.lr
+    hp["arch"] = args.arch or (init.name if init is not None else DEFAULT_ARCH[data.task])
     return Prepared(
         data,
         test,
@@ -272,6 +274,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     check_out(args.out, args.overwrite)
     if args.threads:
         torch.set_num_threads(args.threads)
+    group = userdist.setup()  # one process, or this one's place under torchrun
     prep = prepare(args)
     progress = "quiet" if args.quiet else "json" if args.json_lines else "bar"
     work = args.out.parent / f".{args.out.name}.lara-train"
@@ -284,10 +287,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "init": str(prep.init),
         "fit": dataclasses.asdict(settings),
     }
-    work.mkdir(parents=True, exist_ok=True)
-    state = fit(prep.model, prep.train_task,
-                lambda m: float((prep.holdout_logits(m).argmax(1) == prep.holdout_y).mean()),
-                settings, work / "ckpt", meta, resume=args.resume, progress=progress)  # fmt: skip
+    if group.main:
+        work.mkdir(parents=True, exist_ok=True)
+    try:
+        state = fit(prep.model, prep.train_task,
+                    lambda m: float((prep.holdout_logits(m).argmax(1) == prep.holdout_y).mean()),
+                    settings, work / "ckpt", meta, resume=args.resume, progress=progress, group=group)  # fmt: skip
+    finally:
+        userdist.teardown(group)
+    if not group.main:
+        return {}  # process 0 writes the model folder
     stage = work / "stage"
     shutil.rmtree(stage, ignore_errors=True)
     metrics = finish(args, prep, state, stage)
@@ -319,6 +328,8 @@ def main(argv: list[str] | None = None, load: Loader | None = None) -> int:
     except TrainingStopped as exc:
         print(f"{exc}; rerun the same command with --resume to continue", file=sys.stderr)
         return 130
+    if not metrics:
+        return 0  # not process 0 of a torchrun group: it reported nothing and wrote nothing
     done = {"event": "done", "out": str(args.out), **{k: v for k, v in metrics.items() if k != "history"}}
     if args.json_lines:
         print(json.dumps(done), flush=True)

