@@ -76,19 +76,20 @@ class FitState:
 
 
 class Reporter:
-    """What a person (tqdm bar with ETA, a line per epoch) or a script (JSON lines) sees of the run."""
+    """What a person (tqdm bar with ETA, a line per epoch) or a script (JSON lines) sees of the run. The bar
+    counts steps, or whole seconds of a time budget."""
 
     def __init__(self, mode: Progress, total: float, unit: str) -> None:
-        self.mode, self.bar = mode, None
+        self.mode, self.bar, self.total = mode, None, int(total)
         if mode == "bar":
             from tqdm import tqdm
 
-            fmt = "{l_bar}{bar}| {n:.0f}/{total:.0f} " + unit + " [{elapsed}<{remaining}{postfix}]"
-            self.bar = tqdm(total=total, unit=unit, dynamic_ncols=True, mininterval=1.0, leave=False, bar_format=fmt)
+            self.bar = tqdm(total=self.total, unit=unit, dynamic_ncols=True, mininterval=1.0, leave=False)
 
-    def step(self, advance: float, loss: float, acc: float) -> None:
+    def step(self, position: float, loss: float, acc: float) -> None:
+        """position: steps done, or seconds of the budget spent (never past the total: tqdm drops it then)."""
         if self.bar is not None:
-            self.bar.update(advance)
+            self.bar.update(min(self.total, int(position)) - self.bar.n)
             self.bar.set_postfix(loss=f"{loss:.3f}", acc=f"{acc:.3f}", refresh=False)
 
     def event(self, record: dict[str, Any]) -> None:
@@ -278,7 +279,7 @@ def _run_epoch(model, task, opt, loss_fn, s, state, epoch, noise, stop, rep, pro
         state.seen += seen
         state.correct += correct
         state.loss_sum += loss_sum
-        rep.step(now - elapsed if s.epochs is None and s.time_budget_s else 1, state.loss_sum / state.seen,
+        rep.step(now if s.epochs is None and s.time_budget_s else state.step, state.loss_sum / state.seen,
                  state.correct / state.seen)  # fmt: skip
         state.train_time_s = now
         if epoch == 0 and state.step_in_epoch == 1:
