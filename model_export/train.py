@@ -205,6 +205,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(with --threads 1 that equals the wall clock of an unshared core, so runs sharing a machine stay comparable)",
     )
     p.add_argument("--no-augment", action="store_true", help="images: no random crop / flip")
+    p.add_argument("--image-shift", type=int, default=None, help="images: random shifts of up to N pixels (default 2)")
+    p.add_argument("--image-rotate", type=float, default=None, help="images: random rotations of up to N degrees")
     p.add_argument("--label-smoothing", type=float, default=None)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
@@ -259,6 +261,11 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     train_task = load_task(dataset, train_split, cfg, train_length=args.train_length, limit=args.limit, length_mix=mix)
     if args.no_augment and hasattr(train_task, "augment"):
         train_task.augment = False
+    for flag, attr in (("image_shift", "shift"), ("image_rotate", "rotate_deg")):
+        if getattr(args, flag) is not None:
+            if not hasattr(train_task, attr):
+                raise SystemExit(f"--{flag.replace('_', '-')} is for image models")
+            setattr(train_task, attr, getattr(args, flag))
     text_augment = _text_augment(args, train_task)
     distill = _distill_settings(args, train_task, len(LABELS[args.model]))
     if getattr(model, "tfidf", None) is not None:  # the wide path's idf: from whole training documents only
@@ -371,6 +378,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             "time_budget_min": args.time_budget,
             "clock": args.clock,
             "augment": dataset == "fashion" and not args.no_augment,
+            "image_augment": {"shift": train_task.shift, "rotate_deg": train_task.rotate_deg}
+            if dataset == "fashion" and not args.no_augment
+            else None,
             "threads": torch.get_num_threads(),
             "schedule": "warmup+cosine",
             "command": command_line(args),
