@@ -22,7 +22,7 @@ from server.errors import HTTP_STATUS, ErrorKind, ServeError, clean_message, kin
 from server.models import ServedModel, load_repository
 from server.routes import docs, info, triton, ui, v1, v2
 from server.routes.common import AppState, ClientWatch, client_watch
-from server.schemas import V1PredictRequest, V2InferRequest
+from server.schemas import V1ExplainRequest, V1PredictRequest, V2InferRequest
 from server.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -146,7 +146,7 @@ def _add_openapi_components(app: FastAPI) -> None:
             schema = get_openapi(title=app.title, version=app.version, description=app.description,
                                  routes=app.routes)  # fmt: skip
             components = schema.setdefault("components", {}).setdefault("schemas", {})
-            for model in (V2InferRequest, V1PredictRequest):
+            for model in (V2InferRequest, V1PredictRequest, V1ExplainRequest):
                 body = model.model_json_schema(ref_template="#/components/schemas/{model}")
                 components.update(body.pop("$defs", {}))
                 components[model.__name__] = body

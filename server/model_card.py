@@ -71,4 +71,11 @@ def describe(model: ServedModel) -> dict[str, Any]:
     data = extra.get("data")
     if isinstance(data, dict):
         card["data"] = data
+    # "Not mine": each prediction's ood_score is compared with this threshold (in_distribution).
+    ood = extra.get("ood")
+    if config.has_ood_output:
+        card["ood"] = {"output": "ood_score", **(ood if isinstance(ood, dict) else {})}
+    calibration = extra.get("calibration")  # informational: the temperature is already in the logits
+    if isinstance(calibration, dict):
+        card["calibration"] = calibration
     return card

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from server.backends import BackendUnavailable, Device, check_logits
-from server.repository import TORCH_FILE, ModelConfig
+from server.backends import BackendUnavailable, Device, ModelOutputs, check_outputs
+from server.repository import OOD_OUTPUT, TORCH_FILE, ModelConfig
 
 Loader = Callable[[Path], Any]
 
@@ -57,18 +57,29 @@ class TorchBackend:
         self._input_names = [spec.name for spec in config.inputs]
 
     def run(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        return self.run_outputs(inputs).logits
+
+    def run_outputs(self, inputs: dict[str, np.ndarray]) -> ModelOutputs:
         torch = self._torch
         # Positional, in config order: the same order the ONNX export took from forward().
         args = [torch.from_numpy(inputs[name]).to(self.device) for name in self._input_names]
         with torch.inference_mode():
             out = self.module(*args)
-        if isinstance(out, dict):
-            out = out["logits"]
-        elif isinstance(out, tuple | list):
-            out = out[0]
-        elif hasattr(out, "logits"):
-            out = out.logits
-        return check_logits(out.float().cpu().numpy(), args[0].shape[0], self._config)
+        logits, ood = _split_outputs(out)
+        ood_np = ood.float().cpu().numpy() if ood is not None else None
+        return check_outputs(logits.float().cpu().numpy(), ood_np, args[0].shape[0], self._config)
 
     def close(self) -> None:
         del self.module
+
+
+def _split_outputs(out: Any) -> tuple[Any, Any]:
+    """forward()'s result -> (logits, ood_score or None): a tensor, a (logits, ood_score) tuple, a dict, or
+    an object with those attributes."""
+    if isinstance(out, dict):
+        return out["logits"], out.get(OOD_OUTPUT)
+    if isinstance(out, tuple | list):
+        return out[0], out[1] if len(out) > 1 else None
+    if hasattr(out, "logits"):
+        return out.logits, getattr(out, OOD_OUTPUT, None)
+    return out, None
