@@ -26,9 +26,9 @@ from server.errors import invalid, malformed, too_large
 from server.models import Scored, ServedModel
 from server.preprocess import IDS, MASK, Item
 from server.repository import TextPreprocessing
+from server.schemas import MAX_PASSAGES_RANGE  # what a request may ask for; the default: settings.explain_passages
 
 MIN_PASSAGE_BYTES = 64
-MAX_PASSAGES_RANGE = (2, 64)  # what a request may ask for; the server's default is settings.explain_passages
 # Ends of paragraphs (blank lines), lines, and sentences (., ! or ? with any closing quote or bracket, then
 # whitespace): the next passage starts at the end of a match.
 _BREAK = re.compile(rb"(?:\r?\n[ \t]*){2,}|\r?\n|(?<=[.!?])[\"')\]]*[ \t]+")

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator
 
 from server.errors import malformed
 
 B = TypeVar("B", bound=BaseModel)
+MAX_PASSAGES_RANGE = (2, 64)  # what an :explain request may ask for (server.explain)
 
 
 def parse_body(model: type[B], raw: bytes, expected: str) -> B:
@@ -126,9 +127,17 @@ class ClassifyResponse(Prediction):
 
 
 class V1ExplainParameters(V1Parameters):
-    max_passages: StrictInt | None = Field(
-        None, ge=2, le=64, description="Split each text into at most this many passages (default: the server's)"
+    max_passages: int | None = Field(
+        None, description="Split each text into at most this many passages, 2-64 (default: the server's)"
     )
+
+    @field_validator("max_passages", mode="before")
+    @classmethod
+    def _in_range(cls, value: object) -> object:
+        low, high = MAX_PASSAGES_RANGE
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high):
+            raise ValueError(f"max_passages must be an integer in [{low}, {high}], got {value!r}")
+        return value
 
 
 class V1ExplainRequest(_Body):
