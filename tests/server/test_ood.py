@@ -156,6 +156,40 @@ async def test_model_card_shows_ood_and_calibration(ood_repo: Path) -> None:
     )
     assert card["ood"]["holdout_pass_rate"] == 0.95 and card["calibration"]["method"] == "temperature"
     assert info[IMAGE]["ood"]["threshold"] == 1.0 and "ood" not in info[OLD]
+    assert card["explain"]["max_passages"] == [2, 64] and "explain" not in info[IMAGE]
+
+
+async def test_triton_config_lists_the_ood_outputs(ood_repo: Path) -> None:
+    async with serve(Settings(model_repository=ood_repo)) as client:
+        new = (await client.get(f"/v2/models/{TEXT}/config")).json()["output"]
+        old = (await client.get(f"/v2/models/{OLD}/config")).json()["output"]
+    assert [(o["name"], o["data_type"]) for o in new][2:] == [
+        ("ood_score", "TYPE_FP32"),
+        ("in_distribution", "TYPE_BOOL"),
+    ]
+    assert [o["name"] for o in old] == ["probabilities", "label"]
+
+
+def test_torch_forward_may_return_a_dict(ood_repo: Path) -> None:
+    config = read_config(ood_repo / TEXT)
+
+    def as_dict(model_dir: Path) -> object:
+        import torch
+
+        inner = load_synthetic(model_dir)
+
+        class Dict(torch.nn.Module):
+            def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+                logits, ood = inner(ids, mask)
+                return {"logits": logits, "ood_score": ood}
+
+        return Dict()
+
+    items = [text_item(t, config.preprocessing, None) for t in (ENGLISH[0], b"a")]
+    tuple_out = TorchBackend(ood_repo / TEXT, config, "cpu", loader=load_synthetic).run_outputs(collate(items, config))
+    dict_out = TorchBackend(ood_repo / TEXT, config, "cpu", loader=as_dict).run_outputs(collate(items, config))
+    assert tuple_out.ood_score is not None and dict_out.ood_score is not None
+    np.testing.assert_array_equal(tuple_out.ood_score, dict_out.ood_score)
 
 
 def _edit_config(model_dir: Path, **changes: object) -> None:
