@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
 from server import explain as explainer
+from server.batcher import BatchResult
 from server.errors import invalid, too_large
 from server.inputs import b64_elements
 from server.model_card import describe
@@ -110,21 +111,11 @@ async def infer(name: str, request: Request, state: State, version: str | None =
         max_passages = explainer.check_max_passages(params.get("max_passages", settings.explain_passages))
         tensors = _base64_inputs(decoded)
         items = await _items(model, tensors, truncation_side(params.get("truncate")), settings)
-        if explain:
-            results, passages = await explainer.explain(
-                model, items, max_passages, settings.request_timeout_s, settings.max_queue_size
-            )
-        else:
-            results, passages = await model.classify(items, settings.request_timeout_s), []
+        results, explanations = await _run(model, items, explain, max_passages, settings)
         state.metrics.observe_items(model.name, [i.length for i in items], [r.queue_s + r.inference_s for r in results])
-
         outputs = _output_tensors(model, [r.value for r in results])
-        if explain:  # one JSON document per item: {"method", "length", "passages": [...]} as in v1 :explain
-            docs = [
-                {"method": "occlusion", "length": i.length, "passages": rows}
-                for i, rows in zip(items, passages, strict=True)
-            ]
-            outputs[EXPLANATION] = ("BYTES", _bytes_array([json.dumps(d).encode() for d in docs]))
+        if explanations is not None:
+            outputs[EXPLANATION] = ("BYTES", explanations)
         selected = _select(outputs, decoded.request.outputs, bool_param(params, "binary_data_output"), model)
         header: dict[str, Any] = {"model_name": model.name, "model_version": model.version}
         if model.config.task == "text":  # per item, in request order: was the text cut to max_length?
@@ -133,6 +124,22 @@ async def infer(name: str, request: Request, state: State, version: str | None =
             header["id"] = decoded.request.id
         content, headers = encode_response(header, selected)
         return Response(content, headers={**headers, **timing_headers(state, name, results)})
+
+
+async def _run(
+    model: ServedModel, items: list[Item], explain: bool, max_passages: int, settings: Settings
+) -> tuple[list[BatchResult[Scored]], np.ndarray | None]:
+    """The items' results and, with explain, the BYTES output `explanation`: per item one JSON document
+    {"method", "length", "passages": [...]}, the passages as v1 :explain gives them."""
+    if not explain:
+        return await model.classify(items, settings.request_timeout_s), None
+    results, passages = await explainer.explain(
+        model, items, max_passages, settings.request_timeout_s, settings.max_queue_size
+    )
+    docs = [
+        {"method": "occlusion", "length": i.length, "passages": rows} for i, rows in zip(items, passages, strict=True)
+    ]
+    return results, _bytes_array([json.dumps(d).encode() for d in docs])
 
 
 def _output_tensors(model: ServedModel, scored: list[Scored]) -> dict[str, tuple[str, np.ndarray]]:
