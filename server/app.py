@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.errors import HTTP_STATUS, ErrorKind, ServeError, clean_message, kind_for_status, too_large
 from server.models import ServedModel, load_repository
-from server.routes import docs, info, triton, ui, v1, v2
+from server.routes import docs, explain, info, triton, ui, v1, v2
 from server.routes.common import AppState, ClientWatch, client_watch
 from server.schemas import V1ExplainRequest, V1PredictRequest, V2InferRequest
 from server.settings import Settings
@@ -69,6 +69,7 @@ def create_app(settings: Settings | None = None, models: list[ServedModel] | Non
     app.include_router(triton.router)  # before v2: /v2/models/stats is not a model named "stats"
     app.include_router(v2.router)
     app.include_router(v1.router)
+    app.include_router(explain.router)
     app.include_router(info.router)
     app.include_router(ui.router)
     docs.install(app)

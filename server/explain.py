@@ -13,6 +13,7 @@ A text of one passage has nothing to compare with (removing it leaves no text): 
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Sequence
@@ -160,3 +161,11 @@ async def explain(
             )
         out.append(rows)
     return whole, out
+
+
+def documents(items: Sequence[Item], passages: Sequence[list[dict[str, Any]]]) -> list[bytes]:
+    """v2's `explanation` output: per item the JSON {"method", "length", "passages"} of v1 :explain."""
+    docs = [
+        {"method": "occlusion", "length": i.length, "passages": rows} for i, rows in zip(items, passages, strict=True)
+    ]
+    return [json.dumps(d).encode() for d in docs]

@@ -9,7 +9,6 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, 
 from server.errors import malformed
 
 B = TypeVar("B", bound=BaseModel)
-MAX_PASSAGES_RANGE = (2, 64)  # what an :explain request may ask for (server.explain)
 
 
 def parse_body(model: type[B], raw: bytes, expected: str) -> B:
@@ -124,6 +123,9 @@ class V1PredictResponse(BaseModel):
 class ClassifyResponse(Prediction):
     model_name: str
     model_version: str
+
+
+MAX_PASSAGES_RANGE = (2, 64)  # what an :explain request may ask for (server.explain)
 
 
 class V1ExplainParameters(V1Parameters):

@@ -12,24 +12,13 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.convertors import Convertor, register_url_convertor
 
-from server import explain as explainer
 from server.errors import ErrorKind, ServeError, invalid
 from server.inputs import model_bytes, parse_content_type
 from server.model_card import ANY_TYPES, FORM_TYPES, IMAGE_TYPES, TEXT_TYPES, describe
 from server.models import ServedModel
 from server.preprocess import Item, truncation_side
 from server.routes.common import State, predictions, require_api_key, timing_headers, track
-from server.schemas import (
-    B64Instance,
-    ClassifyResponse,
-    ErrorBody,
-    Explanation,
-    V1ExplainRequest,
-    V1ExplainResponse,
-    V1PredictRequest,
-    V1PredictResponse,
-    parse_body,
-)
+from server.schemas import B64Instance, ClassifyResponse, ErrorBody, V1PredictRequest, V1PredictResponse, parse_body
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody} for code in (400, 401, 404, 413, 415, 422, 429, 503, 504)
@@ -102,43 +91,6 @@ async def predict(
             prediction.truncated = item.truncated
         state.metrics.observe_items(model.name, [i.length for i in items], [r.queue_s + r.inference_s for r in results])
         response = V1PredictResponse(predictions=preds)
-        return JSONResponse(response.model_dump(), headers=timing_headers(state, name, results))
-
-
-_EXPLAIN_DOC: dict[str, Any] = {
-    "requestBody": {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/V1ExplainRequest"}}}}
-}
-
-
-@router.post("/v1/models/{name}:explain", openapi_extra=_EXPLAIN_DOC, responses={200: {"model": V1ExplainResponse}})
-async def explain(
-    name: str, request: Request, state: State, truncate: Annotated[str | None, _TRUNCATE_QUERY] = None
-) -> JSONResponse:
-    """Text models: the prediction and, per passage (byte ranges of the text read), its contribution to the
-    predicted label by occlusion: p(label | text) - p(label | text without the passage). Same body as
-    :predict, plus `parameters.max_passages` (2-64)."""
-    settings = state.settings
-    with track(state, name):
-        model = state.model(name)
-        explainer.require_text(model)
-        expected = "body must be {'instances': [...], 'parameters': {...}}"
-        body = parse_body(V1ExplainRequest, await request.body(), expected)
-        raw = [_instance_bytes(model, i, n) for n, i in enumerate(body.instances)]
-        side = truncation_side(body.parameters.truncate) or truncation_side(truncate)
-        items = await _to_items(model, raw, side, settings.max_image_pixels)
-        max_passages = body.parameters.max_passages or settings.explain_passages
-        results, passages = await explainer.explain(
-            model, items, max_passages, settings.request_timeout_s, settings.max_queue_size
-        )
-        preds = predictions(model, [r.value for r in results], body.parameters.top_k or settings.default_top_k)
-        state.metrics.observe_items(model.name, [i.length for i in items], [r.queue_s + r.inference_s for r in results])
-        explanations = [
-            Explanation(
-                **p.model_dump(exclude={"truncated"}), truncated=item.truncated, length=item.length, passages=rows
-            )  # fmt: skip
-            for p, item, rows in zip(preds, items, passages, strict=True)
-        ]
-        response = V1ExplainResponse(explanations=explanations)
         return JSONResponse(response.model_dump(), headers=timing_headers(state, name, results))
 
 

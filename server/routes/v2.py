@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 import numpy as np
@@ -19,7 +18,7 @@ from server.models import RAW_INPUT, Scored, ServedModel
 from server.preprocess import Item, image_items_from_tensors, text_items_from_tensors, truncation_side
 from server.routes.common import State, bool_param, require_api_key, timing_headers, track
 from server.routes.triton import EXTENSIONS, class_count, classification
-from server.schemas import ErrorBody, V2InferResponse, V2RequestedOutput
+from server.schemas import ErrorBody, V2InferResponse
 from server.settings import Settings
 from server.v2_codec import (
     HEADER_LENGTH,
@@ -116,7 +115,7 @@ async def infer(name: str, request: Request, state: State, version: str | None =
         outputs = _output_tensors(model, [r.value for r in results])
         if explanations is not None:
             outputs[EXPLANATION] = ("BYTES", explanations)
-        selected = _select(outputs, decoded.request.outputs, bool_param(params, "binary_data_output"), model)
+        selected = _select(outputs, decoded, bool_param(params, "binary_data_output"), model)
         header: dict[str, Any] = {"model_name": model.name, "model_version": model.version}
         if model.config.task == "text":  # per item, in request order: was the text cut to max_length?
             header["parameters"] = {"truncated": [item.truncated for item in items]}
@@ -136,10 +135,7 @@ async def _run(
     results, passages = await explainer.explain(
         model, items, max_passages, settings.request_timeout_s, settings.max_queue_size
     )
-    docs = [
-        {"method": "occlusion", "length": i.length, "passages": rows} for i, rows in zip(items, passages, strict=True)
-    ]
-    return results, _bytes_array([json.dumps(d).encode() for d in docs])
+    return results, _bytes_array(explainer.documents(items, passages))
 
 
 def _output_tensors(model: ServedModel, scored: list[Scored]) -> dict[str, tuple[str, np.ndarray]]:
@@ -162,12 +158,10 @@ def _bytes_array(values: list[bytes]) -> np.ndarray:
 
 
 def _select(
-    tensors: dict[str, tuple[str, np.ndarray]],
-    wanted: list[V2RequestedOutput] | None,
-    binary_default: bool,
-    model: ServedModel,
+    tensors: dict[str, tuple[str, np.ndarray]], decoded: DecodedRequest, binary_default: bool, model: ServedModel
 ) -> list[tuple[str, str, np.ndarray, bool]]:
     """No `outputs` in the request: every output. Else the ones named, in the order asked (v2's rule)."""
+    wanted = decoded.request.outputs
     if wanted is None:
         return [(name, *tensor, binary_default) for name, tensor in tensors.items()]
     unknown = [o.name for o in wanted if o.name not in tensors]
