@@ -1,5 +1,4 @@
-"""`lara predict --model NAME FILE...` (or `python -m clients ...`; also: `explain`, `models`, `info`, `health`,
-`loadtest`).
+"""`lara predict --model NAME FILE...` (or `python -m clients ...`; also: `models`, `info`, `health`, `loadtest`).
 
 Each file is its own request: one file that fails (too long, not an image, unreadable) gets its error on
 its own line and the others still get their labels; the exit status is 1 if any file failed.
@@ -51,6 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("--charset", default="utf-8", help="encoding of the text files (default utf-8)")
         cmd.add_argument("--json", action="store_true", help="one JSON object per file instead of a table")
         cmd.add_argument("files", nargs="+", type=Path)
+    sub.add_parser("models", help="list served models")
+    sub.add_parser("info", help="server limits and model cards (GET /info)")
+    sub.add_parser("health", help="liveness and readiness")
+    # Its own flags are parsed by clients.loadtest (see `python -m clients loadtest --help`).
+    sub.add_parser("loadtest", help="latency and throughput vs input length and load", add_help=False)
     explain = sub.add_parser("explain", help="text models: the passages that decided each file's label (occlusion)")
     explain.add_argument("--model", required=True)
     explain.add_argument("--truncate", nargs="?", const="head", default=None, choices=TRUNCATE_SIDES)
@@ -59,11 +63,6 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--charset", default="utf-8", help="encoding of the text files (default utf-8)")
     explain.add_argument("--json", action="store_true", help="one JSON object per file instead of text")
     explain.add_argument("files", nargs="+", type=Path)
-    sub.add_parser("models", help="list served models")
-    sub.add_parser("info", help="server limits and model cards (GET /info)")
-    sub.add_parser("health", help="liveness and readiness")
-    # Its own flags are parsed by clients.loadtest (see `python -m clients loadtest --help`).
-    sub.add_parser("loadtest", help="latency and throughput vs input length and load", add_help=False)
     return parser
 
 
@@ -81,6 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     with LaraClient(args.url, api_key=args.api_key) as client:
         try:
+            if args.command == "explain":  # text models: the passages that decided (`lara explain --help`)
+                return explain_files(client, args, sys.stdout)
             if args.command == "models":
                 for name in client.models():
                     print(name)
@@ -88,8 +89,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(json.dumps(client.info(), indent=2))
             elif args.command == "health":
                 print(json.dumps({"live": client.is_live(), "ready": client.is_ready()}))
-            elif args.command == "explain":
-                return explain_files(client, args, sys.stdout)
             else:
                 return classify_files(client, args, sys.stdout)
         except LaraError as exc:
