@@ -233,3 +233,18 @@ async def test_image_explain_with_a_real_image_names_the_rule(settings: Settings
         body = {"instances": [{"b64": base64.b64encode(png_bytes()).decode()}]}
         r = await client.post(f"/v1/models/{IMAGE}:explain", json=body)
     assert r.status_code == 422 and f"model {IMAGE!r} is an image model" in r.json()["error"]
+
+
+async def test_v2_explain_of_token_ids_matches_the_raw_text(settings: Settings) -> None:
+    text, _, _ = composite()
+    ids = [b + 1 for b in text.encode()]  # byte_offset 1, as the server's own preprocessing
+    raw = {"name": "raw", "datatype": "BYTES", "shape": [1], "data": [text]}
+    tokens = {"name": "input_ids", "datatype": "INT64", "shape": [1, len(ids)], "data": ids}
+    async with serve(settings) as client:
+        docs = []
+        for tensor in (raw, tokens):
+            body = {"inputs": [tensor], "outputs": [{"name": "explanation"}]}
+            r = await client.post(f"/v2/models/{MODEL}/infer", json=body)
+            assert r.status_code == 200, r.text
+            docs.append(json.loads(r.json()["outputs"][0]["data"][0]))
+    assert docs[0] == docs[1] and docs[0]["length"] == len(ids)
