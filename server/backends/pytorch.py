@@ -6,6 +6,8 @@ model_export is imported lazily: servers running onnxruntime do not need it.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,10 @@ def default_loader() -> Loader:
             f"backend=torch needs model_export.load_pretrained(model_dir) -> torch.nn.Module ({exc}); "
             "use backend=onnxruntime or install the model_export package"
         ) from exc
+    if "serving" in inspect.signature(load_pretrained).parameters:
+        # The model as served: logits / calibration temperature and, when fitted, (logits, ood_score); without
+        # it a calibrated model's probabilities would differ from its model.onnx's.
+        return functools.partial(load_pretrained, serving=True)
     return load_pretrained
 
 

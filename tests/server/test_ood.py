@@ -266,3 +266,25 @@ async def test_non_finite_ood_score_is_a_500_not_nan_json(ood_repo: Path) -> Non
         bad = await client.post(f"/v1/models/{TEXT}:predict", json={"instances": ["bad!"]})
     assert ok.status_code == 200 and ok.json()["predictions"][0]["ood_score"] == 0.5
     assert bad.status_code == 500 and "non-finite ood_score" in bad.json()["error"]
+
+
+def test_torch_loader_asks_for_the_served_model_when_it_can(monkeypatch: pytest.MonkeyPatch) -> None:
+    """model_export's load_pretrained(serving=True) adds the calibration temperature and ood_score head."""
+    import model_export
+    from server.backends.pytorch import default_loader
+
+    calls: list[dict[str, object]] = []
+
+    def new_style(model_dir: Path, map_location: str = "cpu", serving: bool = False) -> str:
+        calls.append({"serving": serving})
+        return "module"
+
+    def old_style(model_dir: Path, map_location: str = "cpu") -> str:
+        calls.append({})
+        return "module"
+
+    monkeypatch.setattr(model_export, "load_pretrained", new_style)
+    assert default_loader()(Path("m")) == "module"
+    monkeypatch.setattr(model_export, "load_pretrained", old_style)
+    assert default_loader()(Path("m")) == "module"
+    assert calls == [{"serving": True}, {}]
