@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
+import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -248,3 +251,41 @@ async def test_v2_explain_of_token_ids_matches_the_raw_text(settings: Settings) 
             assert r.status_code == 200, r.text
             docs.append(json.loads(r.json()["outputs"][0]["data"][0]))
     assert docs[0] == docs[1] and docs[0]["length"] == len(ids)
+
+
+class _Slow:
+    """The real backend, 0.2 s per batch: an explanation of 1 + 15 runs of one item each takes ~3 s."""
+
+    def __init__(self, model_dir: Path) -> None:
+        from server.backends import create_backend
+        from server.repository import read_config
+
+        self.config = read_config(model_dir)
+        self.inner = create_backend("onnxruntime", model_dir, self.config, "cpu")
+        self.name, self.device, self.batches = "slow", "cpu", 0
+
+    def run(self, inputs: dict[str, Any]) -> Any:
+        return self.run_outputs(inputs).logits
+
+    def run_outputs(self, inputs: dict[str, Any]) -> Any:
+        time.sleep(0.2)
+        self.batches += 1
+        return self.inner.run_outputs(inputs)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+async def test_the_request_timeout_covers_the_occluded_runs(repo: Path) -> None:
+    from server.models import ServedModel, policy_from
+
+    settings = Settings(model_repository=repo, max_batch_size=1, request_timeout_s=1.0, warmup=False)
+    backend = _Slow(repo / MODEL)
+    model = ServedModel(backend.config, backend, policy_from(settings))  # type: ignore[arg-type]
+    text, _, _ = composite()
+    async with serve(settings, [model]) as client:
+        r = await client.post(f"/v1/models/{MODEL}:explain", json={"instances": [text]})
+        await asyncio.sleep(0.5)  # a batch running at the timeout finishes; nothing after it starts
+        ran = backend.batches
+    assert r.status_code == 504 and "request_timeout_s" in r.json()["error"]
+    assert 1 <= ran <= 7, ran  # of 16 runs: the queued ones were dropped, not computed for nobody
