@@ -36,9 +36,10 @@ from model_export.layers import Attention
 OPSET = 20  # the exporter's default and the opset of the LaraAttention function body
 ONNX_FILE = "model.onnx"
 PARITY_ATOL = 1e-4  # max |onnxruntime - eager| on logits accepted at export
-# ood_score is a squared distance (order 1e1-1e3) through a 128x128 whitening: float32 differences between
-# onnxruntime and eager of a few 1e-6 relative are expected; 1e-4 relative still catches a wrong graph.
-OOD_PARITY_RTOL = 1e-4
+# ood_score is a squared distance (order 1e1-1e3) through a 128x128 whitening, which amplifies the ~1e-6
+# float32 differences of the features along its narrow directions: 1.1e-4 relative was seen on a random
+# tiny model at 4-8 KB. 1e-3 relative still catches a wrong graph (a wrong mean or mask moves it by >10%).
+OOD_PARITY_RTOL = 1e-3
 EXPORT_BATCH, EXPORT_SEQ = 2, 64  # example shapes traced at export; parity runs other shapes
 
 
