@@ -1,12 +1,16 @@
 """Latency and memory per document vs length through the real server (python -m server on 127.0.0.1).
 
-    python -m benchmarks.long_serving [--model lara-text-news] [--lengths 1024,4096,16384,32768,65536]
+    python -m benchmarks.long_serving [--model lara-text-news] [--lengths 1024,4096,...,262144,1048576]
+    python -m benchmarks.long_serving --synthetic   # the same path on a synthetic model of max_length 1 MiB
 
 Documents are same-label composites of BBC test articles cut to each length (model_export.long_docs). For
 each length: a request holding 1 document (median of --repeats), and a request holding 8 different
-documents (median of --repeats, also per document). The server's resident memory is sampled from /proc
-every 10 ms; the table gives its peak above the idle (warmed-up) server at each length.
-Writes benchmarks/results/long_serving.json.
+documents (median of --repeats, also per document). Lengths above 64 KB use --long-repeats (each 1 MiB
+document runs alone in its batch, so 8 of them take 8 runs); lengths above the model's max_length are
+listed as skipped. The server's resident memory is sampled from /proc every 10 ms; the table gives its
+peak above the idle (warmed-up) server at each length, and the largest X-Batch-Size of the 8-document
+requests (1 where a document is longer than max_batch_tokens: it ran alone).
+Writes benchmarks/results/long_serving.json (long_serving_synthetic.json with --synthetic).
 
     python -m benchmarks.long_serving --compare-ort-attention [--lengths 4096,16384,32768,65536]
 
@@ -80,6 +84,12 @@ def peak_rss(pid: int) -> Iterator[dict[str, int]]:
 
 
 def _post(client: httpx.Client, model: str, texts: list[str]) -> tuple[float, float | None]:
+    elapsed, server_ms, _ = _post_batch(client, model, texts)
+    return elapsed, server_ms
+
+
+def _post_batch(client: httpx.Client, model: str, texts: list[str]) -> tuple[float, float | None, int]:
+    """(client ms, server inference ms, X-Batch-Size) of one :predict request."""
     t0 = time.perf_counter()
     r = client.post(f"/v1/models/{model}:predict", json={"instances": texts})
     elapsed = time.perf_counter() - t0
@@ -87,27 +97,41 @@ def _post(client: httpx.Client, model: str, texts: list[str]) -> tuple[float, fl
     if any(p["truncated"] for p in r.json()["predictions"]):
         raise RuntimeError("the server truncated a document: the benchmark must measure whole documents")
     server_ms = r.headers.get("x-inference-time-ms")
-    return elapsed * 1000, float(server_ms) if server_ms else None
+    return elapsed * 1000, float(server_ms) if server_ms else None, int(r.headers.get("x-batch-size", "0"))
 
 
-def measure(url: str, pid: int, model: str, lengths: list[int], repeats: int) -> list[dict[str, Any]]:
+LONG = 65536  # lengths above this use long_repeats
+
+
+def measure(
+    url: str, pid: int, model: str, lengths: list[int], repeats: int, long_repeats: int = 2
+) -> list[dict[str, Any]]:
     texts, labels = text_docs("news", "test")
-    rows = []
-    with httpx.Client(base_url=url, timeout=600) as client:
+    rows: list[dict[str, Any]] = []
+    with httpx.Client(base_url=url, timeout=1800) as client:
+        max_length = int(client.get(f"/v1/models/{model}").json()["max_length"])
         _post(client, model, ["warm up"])
         idle = _rss_kib(pid)
         for n in lengths:
+            if n > max_length:
+                rows.append({"bytes": n, "skipped": f"model {model} takes at most max_length={max_length} bytes"})
+                print(rows[-1], flush=True)
+                continue
             docs = [raw.decode("utf-8", "ignore") for raw, _ in make_composites(texts, labels, n, per_class=2)][:8]
+            times = long_repeats if n > LONG else repeats
             with peak_rss(pid) as mem:
-                one = [_post(client, model, [docs[i % len(docs)]]) for i in range(repeats)]
-                eight = [_post(client, model, docs) for _ in range(repeats)]
+                one = [_post_batch(client, model, [docs[i % len(docs)]]) for i in range(times)]
+                eight = [_post_batch(client, model, docs) for _ in range(times)]
             rows.append(
                 {
                     "bytes": n,
-                    "batch1_ms": statistics.median(t for t, _ in one),
-                    "batch1_server_inference_ms": statistics.median(s for _, s in one) if one[0][1] else None,
-                    "batch8_ms": statistics.median(t for t, _ in eight),
-                    "batch8_per_doc_ms": statistics.median(t for t, _ in eight) / 8,
+                    "repeats": times,
+                    "batch1_ms": statistics.median(t for t, _, _ in one),
+                    "batch1_server_inference_ms": statistics.median(s for _, s, _ in one) if one[0][1] else None,
+                    "batch8_ms": statistics.median(t for t, _, _ in eight),
+                    "batch8_per_doc_ms": statistics.median(t for t, _, _ in eight) / 8,
+                    "batch8_largest_batch": max(b for _, _, b in eight),
+                    "batch1_ms_per_kib": statistics.median(t for t, _, _ in one) / (n / 1024),
                     "peak_rss_above_idle_mib": (mem["peak_kib"] - idle) / 1024,
                 }
             )
@@ -161,8 +185,14 @@ def compare_attention(model: str, lengths: list[int], repeats: int, threads: int
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="lara-text-news")
-    p.add_argument("--lengths", default="1024,4096,16384,32768,65536")
+    p.add_argument("--lengths", default="1024,4096,16384,32768,65536,262144,1048576")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--long-repeats", type=int, default=2, help="repeats for lengths above 64 KB")
+    p.add_argument(
+        "--synthetic",
+        action="store_true",
+        help="serve a synthetic text model of max_length 1 MiB (server.synthetic) instead of --model",
+    )
     p.add_argument("--threads", type=int, default=2, help="LARA_NUM_THREADS of the server")
     p.add_argument("--compare-ort-attention", action="store_true", help="body vs fused LaraAttention servers")
     p.add_argument("--before", metavar="REV", help="with --compare-ort-attention: also the model.onnx of this commit")
@@ -183,24 +213,39 @@ def main(argv: list[str] | None = None) -> None:
         print(markdown_table(headers, table))
         print(f"wrote {path}")
         return
-    env = {"LARA_MODEL_REPOSITORY": str(REPO), "LARA_NUM_THREADS": str(args.threads), "LARA_MAX_QUEUE_DELAY_MS": "2"}
-    with server_process(["--log-level", "warning"], env=env, timeout_s=180) as url:
+    with ExitStack() as stack:
+        repo, model = REPO, args.model
+        if args.synthetic:
+            from server.synthetic import make_text_model
+
+            repo = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="long-serving-")))
+            model = "synthetic-1mib"
+            make_text_model(repo, model, max_length=1 << 20, hidden=64)
+        env = {"LARA_MODEL_REPOSITORY": str(repo), "LARA_NUM_THREADS": str(args.threads),
+               "LARA_MAX_QUEUE_DELAY_MS": "2", "LARA_REQUEST_TIMEOUT_S": "600"}  # fmt: skip
+        url = stack.enter_context(server_process(["--log-level", "warning"], env=env, timeout_s=180))
         pid = _server_pid(int(url.rsplit(":", 1)[1]))
-        rows = measure(url, pid, args.model, lengths, args.repeats)
-    by_len = {r["bytes"]: r for r in rows}
+        rows = measure(url, pid, model, lengths, args.repeats, args.long_repeats)
+    by_len = {r["bytes"]: r for r in rows if "skipped" not in r}
     ratios = {}
-    if 4096 in by_len and 65536 in by_len:
-        ratios["batch1_64k_over_4k"] = by_len[65536]["batch1_ms"] / by_len[4096]["batch1_ms"]
-        ratios["batch8_64k_over_4k"] = by_len[65536]["batch8_ms"] / by_len[4096]["batch8_ms"]
+    for long in (65536, 262144, 1048576):
+        if 4096 in by_len and long in by_len:
+            ratios[f"batch1_{long // 1024}k_over_4k"] = by_len[long]["batch1_ms"] / by_len[4096]["batch1_ms"]
+            ratios[f"batch8_{long // 1024}k_over_4k"] = by_len[long]["batch8_ms"] / by_len[4096]["batch8_ms"]
     path = write_json(
-        "long_serving.json",
-        {"environment": environment(), "model": args.model, "server_threads": args.threads, "rows": rows,
-         "ratios": ratios, "note": "client-side wall time on loopback; one server, default batching settings"},
+        "long_serving_synthetic.json" if args.synthetic else "long_serving.json",
+        {"environment": environment(), "model": model, "server_threads": args.threads, "rows": rows,
+         "ratios": ratios, "note": "client-side wall time on loopback; one server, default batching settings"
+         + ("; a synthetic model (embedding + per-token MLP + mean): the serving path, not LARA" if args.synthetic
+            else "")},
     )  # fmt: skip
-    headers = ["bytes", "1 doc (ms)", "8 docs (ms)", "8 docs, per doc (ms)", "peak RSS above idle (MiB)"]
+    headers = ["bytes", "1 doc (ms)", "8 docs (ms)", "8 docs, per doc (ms)", "largest batch of 8",
+               "peak RSS above idle (MiB)"]  # fmt: skip
     table = [
-        [r["bytes"], r["batch1_ms"], r["batch8_ms"], r["batch8_per_doc_ms"], r["peak_rss_above_idle_mib"]] for r in rows
-    ]
+        [r["bytes"], r["batch1_ms"], r["batch8_ms"], r["batch8_per_doc_ms"], r["batch8_largest_batch"],
+         r["peak_rss_above_idle_mib"]] if "skipped" not in r else [r["bytes"], r["skipped"], "", "", "", ""]
+        for r in rows
+    ]  # fmt: skip
     print(markdown_table(headers, table))
     print(f"ratios: {ratios}\nwrote {path}")
 

@@ -20,7 +20,7 @@ from typing import Any, TextIO
 
 import httpx
 
-from clients.client import LaraClient, LaraError, Prediction
+from clients.client import Explanation, LaraClient, LaraError, Prediction
 
 TRUNCATE_SIDES = ("head", "tail", "head+tail")
 _BAR = 24  # characters of a score of 1.0
@@ -63,6 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("health", help="liveness and readiness")
     # Its own flags are parsed by clients.loadtest (see `python -m clients loadtest --help`).
     sub.add_parser("loadtest", help="latency and throughput vs input length and load", add_help=False)
+    explain = sub.add_parser("explain", help="text models: the passages that decided each file's label (occlusion)")
+    explain.add_argument("--model", required=True)
+    explain.add_argument("--truncate", nargs="?", const="head", default=None, choices=TRUNCATE_SIDES)
+    explain.add_argument("--max-passages", type=int, default=None, help="split each text into at most this many")
+    explain.add_argument("--top", type=int, default=3, help="passages to show per file (default 3)")
+    explain.add_argument("--charset", default="utf-8", help="encoding of the text files (default utf-8)")
+    explain.add_argument("--json", action="store_true", help="one JSON object per file instead of text")
+    explain.add_argument("files", nargs="+", type=Path)
     return parser
 
 
@@ -82,6 +90,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     with LaraClient(args.url, api_key=args.api_key) as client:
         try:
+            if args.command == "explain":  # text models: the passages that decided (`lara explain --help`)
+                return explain_files(client, args, sys.stdout)
             if args.command == "models":
                 for name in client.models():
                     print(name)
@@ -180,11 +190,49 @@ def _report(out: TextIO, path: Path, prediction: Prediction, as_json: bool) -> N
         print(json.dumps({"file": str(path), **asdict(prediction)}), file=out)
         return
     note = "  (truncated)" if prediction.truncated else ""
+    if prediction.in_distribution is False:
+        note += "  (not like the training data: the label is unreliable)"
     print(f"{path}: {prediction.label} {prediction.score:.3f}{note}", file=out)
+    if prediction.ood_score is not None:
+        verdict = {True: "in distribution", False: "out of distribution", None: "no threshold"}
+        print(f"  ood_score {prediction.ood_score:.4g} ({verdict[prediction.in_distribution]})", file=out)
     width = max(len(t.label) for t in prediction.top_k)
     for t in prediction.top_k:
         bar = "#" * max(1, round(t.score * _BAR)) if t.score >= 0.005 else ""
         print(f"  {t.label:<{width}}  {t.score:6.3f}  {bar}", file=out)
+
+
+def explain_files(client: LaraClient, args: argparse.Namespace, out: TextIO) -> int:
+    """One :explain request per file; a failure is reported for that file and the others go on."""
+    failed = 0
+    for path in args.files:
+        try:
+            text = path.read_bytes().decode(args.charset)
+            (explanation,) = client.explain(args.model, [text], args.truncate or False, args.max_passages)
+        except LaraError as exc:
+            failed += 1
+            _report_error(out, path, f"HTTP {exc.status}: {exc.message}", exc.status, args.json)
+        except (OSError, UnicodeDecodeError) as exc:
+            failed += 1
+            _report_error(out, path, f"cannot read as {args.charset}: {exc}", None, args.json)
+        except httpx.TransportError as exc:
+            failed += 1
+            _report_error(out, path, _transport_message(args.url, exc), None, args.json)
+        else:
+            _report_explanation(out, path, explanation, args.top, args.json)
+    return 1 if failed else 0
+
+
+def _report_explanation(out: TextIO, path: Path, explanation: Explanation, top: int, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"file": str(path), **asdict(explanation)}), file=out)
+        return
+    _report(out, path, explanation.prediction, as_json=False)
+    print(f"  passages that raised {explanation.prediction.label!r} most (of {len(explanation.passages)}):", file=out)
+    for passage in explanation.top(top):
+        snippet = " ".join(passage.text.split())
+        snippet = snippet if len(snippet) <= 70 else snippet[:67] + "..."
+        print(f"  {passage.contribution:+.3f}  bytes {passage.start}-{passage.end}  {snippet}", file=out)
 
 
 def _report_error(out: TextIO, path: Path, message: str, status: int | None, as_json: bool) -> None:

@@ -35,11 +35,40 @@ class Prediction:
     score: float
     top_k: list[LabelScore]
     truncated: bool = False  # the text was longer than the model's max_length and was cut
+    # Models with an ood_score output: higher = less like the training data; in_distribution compares it
+    # with the model's threshold. None for models without them (and from servers that predate them).
+    ood_score: float | None = None
+    in_distribution: bool | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Prediction:
         top = [LabelScore(t["label"], t["score"]) for t in data["top_k"]]
-        return cls(data["label"], data["score"], top, bool(data.get("truncated", False)))
+        return cls(data["label"], data["score"], top, bool(data.get("truncated", False)), data.get("ood_score"),
+                   data.get("in_distribution"))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Passage:
+    start: int  # byte range [start, end) of the UTF-8 text the model read (after truncation)
+    end: int
+    text: str
+    contribution: float | None  # p(label | text) - p(label | text without this passage)
+
+
+@dataclass(frozen=True)
+class Explanation:
+    prediction: Prediction
+    passages: list[Passage]  # in document order; they cover the text the model read
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Explanation:
+        passages = [Passage(p["start"], p["end"], p["text"], p["contribution"]) for p in data["passages"]]
+        return cls(Prediction.from_json(data), passages)
+
+    def top(self, n: int = 3) -> list[Passage]:
+        """The n passages that most raised the predicted label's probability."""
+        scored = [p for p in self.passages if p.contribution is not None]
+        return sorted(scored, key=lambda p: -(p.contribution or 0.0))[:n]
 
 
 @dataclass(frozen=True)
@@ -47,6 +76,8 @@ class V2Result:
     probabilities: np.ndarray  # [B, n_labels] float32
     labels: list[str]
     headers: dict[str, str]
+    ood_scores: np.ndarray | None = None  # [B] float32, models with an ood_score output
+    in_distribution: np.ndarray | None = None  # [B] bool
 
 
 class LaraClient:
@@ -142,6 +173,14 @@ class LaraClient:
         data = self._request("POST", f"/v1/models/{model}:predict", json=body).json()
         return [Prediction.from_json(p) for p in data["predictions"]]
 
+    def explain(
+        self, model: str, texts: list[str], truncate: bool | str = False, max_passages: int | None = None
+    ) -> list[Explanation]:
+        """Text models: the prediction and each passage's contribution to it (occlusion), per text."""
+        params: dict[str, Any] = {"truncate": truncate, **({"max_passages": max_passages} if max_passages else {})}
+        data = self._request("POST", f"/v1/models/{model}:explain", json={"instances": texts, "parameters": params})
+        return [Explanation.from_json(e) for e in data.json()["explanations"]]
+
     def classify(
         self,
         model: str,
@@ -203,7 +242,12 @@ def _decode_v2(response: httpx.Response) -> V2Result:
                 pos += 4 + n
             out[output["name"]] = values
         else:
-            out[output["name"]] = np.frombuffer(chunk, dtype="<f4")
+            out[output["name"]] = np.frombuffer(chunk, dtype=_NUMPY.get(output["datatype"], "<f4"))
     n_items = len(out["label"])
     probabilities = np.asarray(out["probabilities"], dtype=np.float32).reshape(n_items, -1)
-    return V2Result(probabilities, list(out["label"]), dict(response.headers))
+    ood = np.asarray(out["ood_score"], dtype=np.float32) if "ood_score" in out else None
+    inside = np.asarray(out["in_distribution"], dtype=bool) if "in_distribution" in out else None
+    return V2Result(probabilities, list(out["label"]), dict(response.headers), ood, inside)
+
+
+_NUMPY = {"FP32": "<f4", "BOOL": "|b1", "INT64": "<i8"}

@@ -87,6 +87,9 @@ class TextConfig:
     # >0: a wide path beside the encoder (Wide & Deep): a linear head over hashed word 1-2-gram tf-idf
     # features in this many buckets, its logits added to the encoder's (model_export.text.TfidfHead).
     tfidf_buckets: int = 0
+    # True: ASCII letters are case-folded in the graph before anything reads them, so a document and its
+    # upper-cased copy are the same input (a byte model never sees every casing of every word in training).
+    case_fold: bool = False
     # "sinusoidal": absolute positions (do not extrapolate past the trained length);
     # "conv": a masked depthwise Conv1d over the embeddings, relative and length-free (CPVT-style).
     positions: Literal["sinusoidal", "conv"] = "sinusoidal"

@@ -81,13 +81,25 @@ def load_config(model_dir: str | Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def load_pretrained(model_dir: str | Path, map_location: str | torch.device = "cpu") -> nn.Module:
-    """Rebuild the model from config.json, load 1/model.safetensors strictly, return it in eval mode."""
+def load_pretrained(
+    model_dir: str | Path, map_location: str | torch.device = "cpu", serving: bool = False
+) -> nn.Module:
+    """Rebuild the model from config.json, load 1/model.safetensors strictly, return it in eval mode.
+
+    serving: when the weights also hold the serving head (calibration temperature and out-of-distribution
+    score, model_export.ood), return the model as it is served, forward -> (logits / T, ood_score);
+    otherwise (or without that head) the trained model alone, forward -> logits."""
+    from model_export.ood import SERVING_KEYS, ServingModel
     from model_export.registry import build_model
 
     conf = load_config(model_dir)
     cfg = config_from_dict(conf["model"], conf["attention"])
     model = build_model(cfg, seed=int(conf.get("seed", 0)))
     state = load_file(str(Path(model_dir) / VERSION / WEIGHTS), device=str(map_location))
+    extra = {k: state.pop(k) for k in SERVING_KEYS if k in state}
+    if extra and len(extra) != len(SERVING_KEYS):
+        raise ValueError(f"{model_dir}: the serving head needs all of {SERVING_KEYS}, found {sorted(extra)}")
     model.load_state_dict(state, strict=True)
+    if serving and extra:
+        model = ServingModel.from_state(model, extra)
     return model.to(map_location).eval()

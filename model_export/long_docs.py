@@ -77,6 +77,9 @@ class LengthMixTask:
     composite_max: int = 16384
     tokens_per_batch: int = 24576
     teacher: Callable[[Sequence[bytes], Sequence[int]], Tensor] | None = None
+    # Label-preserving noise and unrelated filler applied to each window (model_export.augment.TextAugment);
+    # None draws nothing, so runs without it replay the same epochs as before it existed.
+    text_augment: Callable[[bytes, random.Random], bytes] | None = None
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -102,6 +105,8 @@ class LengthMixTask:
             head = self.head_prob > 0.0 and rng.random() < self.head_prob
             start = 0 if head else rng.randrange(len(raw) - length + 1)
             raw = raw[start : start + length]
+        if self.text_augment is not None:
+            raw = self.text_augment(raw, rng)
         return raw, y, i
 
     def _plan(self, seed: int) -> list[list[tuple[bytes, int, int]]]:

@@ -31,6 +31,18 @@ def _augment_images(x: Tensor, g: torch.Generator, pad: int = 2) -> Tensor:
     return torch.where(flip[:, None, None, None], out.flip(-1), out)
 
 
+def _rotate_images(x: Tensor, g: torch.Generator, max_deg: float) -> Tensor:
+    """Each image rotated about its centre by an angle uniform in [-max_deg, max_deg] (bilinear, zero fill,
+    as a photo taken slightly askew). x: uint8 [B, 1, H, W] -> uint8, same shape."""
+    b = x.shape[0]
+    theta = (torch.rand(b, generator=g) * 2 - 1) * max_deg * torch.pi / 180  # [B]
+    cos, sin = theta.cos(), theta.sin()
+    affine = torch.stack([torch.stack([cos, -sin, torch.zeros(b)], -1), torch.stack([sin, cos, torch.zeros(b)], -1)], 1)
+    grid = torch.nn.functional.affine_grid(affine, list(x.shape), align_corners=False)  # [B, H, W, 2]
+    out = torch.nn.functional.grid_sample(x.float(), grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+    return out.round().clamp(0, 255).to(torch.uint8)
+
+
 @dataclass
 class ImageTask:
     """Fashion-MNIST: uint8 images are normalized with the config's mean/std (the server's preprocessing)."""
@@ -40,6 +52,8 @@ class ImageTask:
     mean: float
     std: float
     augment: bool = True
+    shift: int = 2  # random crop: shifts of up to this many pixels each way
+    rotate_deg: float = 0.0  # > 0: also a random rotation of up to this many degrees
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -50,7 +64,9 @@ class ImageTask:
             idx = perm[i : i + batch_size]
             x = self.images[idx]
             if self.augment:
-                x = _augment_images(x, g)
+                x = _augment_images(x, g, pad=self.shift)
+                if self.rotate_deg > 0:
+                    x = _rotate_images(x, g, self.rotate_deg)
             yield {"pixel_values": data.normalize_images(x, self.mean, self.std)}, self.labels[idx]
 
     def eval_batches(self, batch_size: int) -> Iterator[Batch]:
@@ -165,7 +181,7 @@ def _subset(task: Task, idx: Tensor) -> Task:
     if isinstance(task, LengthMixTask):
         return dataclasses.replace(task, docs=[task.docs[i] for i in idx.tolist()], labels=task.labels[idx])
     if isinstance(task, ImageTask):
-        return ImageTask(task.images[idx], task.labels[idx], task.mean, task.std, task.augment)
+        return dataclasses.replace(task, images=task.images[idx], labels=task.labels[idx])
     return SequenceTask([task.seqs[i] for i in idx.tolist()], task.labels[idx], task.train_length, task.eval_length)
 
 

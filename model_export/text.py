@@ -100,6 +100,12 @@ def word_chars(ids: Tensor) -> tuple[Tensor, Tensor]:
     return is_word, folded
 
 
+def fold_case(ids: Tensor) -> Tensor:
+    """ids (byte + 1) [B, N] -> the same ids with ASCII 'A'..'Z' mapped to 'a'..'z' (pad 0 and other bytes kept)."""
+    upper = (ids >= 65 + 1) & (ids <= 90 + 1)
+    return ids + upper.long() * 32
+
+
 def word_hashes(ids: Tensor) -> tuple[Tensor, Tensor]:
     """ids [B, N] -> (h [B, N] int64 in [0, 2**31): the hash of the word ending at each position, end [B, N]
     int64: 1 at a word's last byte, else 0). Pads (id 0) are not word bytes, so neither depends on padding."""
@@ -296,6 +302,8 @@ class TextEncoder(nn.Module):
             return self.forward_features(input_ids, attention_mask)[:, :n]
         valid = attention_mask > 0  # [B, N]
         ids = input_ids * valid.long()  # pad positions read id 0 whatever they hold
+        if self.cfg.case_fold:
+            ids = fold_case(ids)
         x = self.embed(ids)  # [B, N, D]
         if self.ngrams is not None:
             x = x + self.ngrams(ids)
@@ -313,30 +321,35 @@ class TextEncoder(nn.Module):
             x = blk(x, pad, None)
         return self.norm(x)  # [B, N, D]
 
-    def forward_head(self, x: Tensor, attention_mask: Tensor) -> Tensor:
+    def forward_pooled(self, x: Tensor, attention_mask: Tensor) -> Tensor:
+        """Final token vectors x [B, N, D] -> the document vector the head reads [B, D]."""
         valid = attention_mask > 0
         if not x.is_cpu or tracing():  # the batched form (GPU: no per-row host syncs)
             if self.pool is not None:
-                return self.head(self.pool(x, valid)).float()
+                return self.pool(x, valid)
             m = valid.to(x.dtype)[:, None, :]  # [B, 1, N]
             # A [1, N] x [N, D] product per document: onnxruntime's ReduceSum over the token axis of x * m
             # took 6% of the model at 32K tokens, the MatMul a fraction of that.
-            pooled = (m @ x).squeeze(1) / m.sum(-1).clamp_min(1.0)  # [B, D]
-            return self.head(pooled).float()
-        # Eager on CPU: one document at a time, so that its logits are bitwise the same alone and in any batch
-        # with any padding. A batched masked sum reduces in an order set by the padded length, and the
-        # head runs as gemv for one row but gemm for several; both round differently (~2e-7). Pooling
-        # exactly the document's own rows and a one-row head make every document take the path it takes
-        # alone. Cost: B small ops after an encoder that is O(N) per document.
+            return (m @ x).squeeze(1) / m.sum(-1).clamp_min(1.0)  # [B, D]
+        # Eager on CPU: one document at a time (see forward_head), pooling exactly the document's own rows.
         rows = []
         for i in range(x.shape[0]):
             own = x[i][valid[i]]  # [n_i, D], contiguous, as when the document is alone and unpadded
             if self.pool is not None:
-                pooled = self.pool(own[None], torch.ones(1, own.shape[0], dtype=torch.bool, device=own.device))
+                rows.append(self.pool(own[None], torch.ones(1, own.shape[0], dtype=torch.bool, device=own.device)))
             else:
-                pooled = own.sum(0, keepdim=True) / max(own.shape[0], 1)  # [1, D]
-            rows.append(self.head(pooled))
-        return torch.cat(rows).float()
+                rows.append(own.sum(0, keepdim=True) / max(own.shape[0], 1))  # [1, D]
+        return torch.cat(rows)  # [B, D]
+
+    def forward_head(self, x: Tensor, attention_mask: Tensor) -> Tensor:
+        pooled = self.forward_pooled(x, attention_mask)  # [B, D]
+        if not x.is_cpu or tracing():
+            return self.head(pooled).float()
+        # Eager on CPU: so that a document's logits are bitwise the same alone and in any batch with any
+        # padding. A batched masked sum reduces in an order set by the padded length (forward_pooled pools
+        # each document's own rows), and the head runs as gemv for one row but gemm for several; both round
+        # differently (~2e-7). A one-row head per document takes the path it takes alone.
+        return torch.cat([self.head(pooled[i : i + 1]) for i in range(pooled.shape[0])]).float()
 
     def forward_wide(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """The wide path's logits [B, C] (model config tfidf_buckets > 0)."""

@@ -6,6 +6,7 @@ python -m model_export.train --model lara-vit-fashion --epochs 8 --out model_rep
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import shlex
@@ -127,6 +128,26 @@ def _distill_settings(args: argparse.Namespace, task: Any, num_classes: int) -> 
     }
 
 
+def _text_augment(args: argparse.Namespace, task: Any) -> dict[str, Any] | None:
+    """With --augment-text, attach a TextAugment to the text task; returns its settings for config.json."""
+    if args.augment_text is None:
+        return None
+    if not isinstance(task, LengthMixTask):
+        raise SystemExit("--augment-text needs a text model trained with --length-mix")
+    from model_export.augment import TextAugment
+
+    kw = json.loads(args.augment_text)
+    if "where" in kw:
+        kw["where"] = tuple(kw["where"])
+    try:
+        task.text_augment = TextAugment(**kw)
+    except (TypeError, ValueError) as exc:
+        raise SystemExit(f"--augment-text: {exc}") from None
+    settings = dataclasses.asdict(task.text_augment)
+    settings.pop("bank")
+    return {**settings, "where": list(settings["where"]), "filler": "model_export.augment.FillerBank.installed()"}
+
+
 def _splits(args: argparse.Namespace) -> tuple[str, str, str]:
     """(train, per-epoch validation, test) split names. With --fold K/N the held-out fold is both
     validation and test: nothing is selected by it (training runs its budget; the last weights are kept)."""
@@ -184,6 +205,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(with --threads 1 that equals the wall clock of an unshared core, so runs sharing a machine stay comparable)",
     )
     p.add_argument("--no-augment", action="store_true", help="images: no random crop / flip")
+    p.add_argument("--image-shift", type=int, default=None, help="images: random shifts of up to N pixels (default 2)")
+    p.add_argument("--image-rotate", type=float, default=None, help="images: random rotations of up to N degrees")
     p.add_argument("--label-smoothing", type=float, default=None)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
@@ -200,6 +223,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="WEIGHT",
         help="text with --length-mix: loss = (1 - WEIGHT) x label loss + WEIGHT x cross-entropy to a cross-fitted "
         "TF-IDF + logistic-regression teacher's probabilities for each training window (model_export.distill)",
+    )
+    p.add_argument(
+        "--augment-text",
+        nargs="?",
+        const="{}",
+        default=None,
+        help="text with --length-mix: casing, whitespace, markup, typos and unrelated filler per window "
+        "(model_export.augment.TextAugment), optionally with JSON overrides, e.g. '{\"filler_prob\": 0.7}'",
     )
     p.add_argument("--no-test", action="store_true", help="skip the final test-set evaluation")
     p.add_argument("--override", default="{}", help='JSON model config overrides, e.g. {"depth": 2}')
@@ -230,6 +261,12 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     train_task = load_task(dataset, train_split, cfg, train_length=args.train_length, limit=args.limit, length_mix=mix)
     if args.no_augment and hasattr(train_task, "augment"):
         train_task.augment = False
+    for flag, attr in (("image_shift", "shift"), ("image_rotate", "rotate_deg")):
+        if getattr(args, flag) is not None:
+            if not hasattr(train_task, attr):
+                raise SystemExit(f"--{flag.replace('_', '-')} is for image models")
+            setattr(train_task, attr, getattr(args, flag))
+    text_augment = _text_augment(args, train_task)
     distill = _distill_settings(args, train_task, len(LABELS[args.model]))
     if getattr(model, "tfidf", None) is not None:  # the wide path's idf: from whole training documents only
         model.tfidf.fit_idf(document_ids(train_task))
@@ -335,11 +372,15 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             "train_length": args.train_length if dataset != "fashion" and not args.length_mix else None,
             "length_mix": mix,
             "distill": distill,
+            "text_augment": text_augment,
             "train_split": train_split,
             "limit": args.limit,
             "time_budget_min": args.time_budget,
             "clock": args.clock,
             "augment": dataset == "fashion" and not args.no_augment,
+            "image_augment": {"shift": train_task.shift, "rotate_deg": train_task.rotate_deg}
+            if dataset == "fashion" and not args.no_augment
+            else None,
             "threads": torch.get_num_threads(),
             "schedule": "warmup+cosine",
             "command": command_line(args),

@@ -90,8 +90,11 @@ class ViT(nn.Module):
             x = blk(x, None, (gh, gw))
         return self.norm(x)  # [B, N, D]
 
+    def forward_pooled(self, x: Tensor) -> Tensor:
+        return x.mean(1)  # GAP: [B, N, D] -> [B, D]
+
     def forward_head(self, x: Tensor) -> Tensor:
-        return self.head(x.mean(1)).float()  # GAP -> [B, num_classes]
+        return self.head(self.forward_pooled(x)).float()  # [B, num_classes]
 
     def forward(self, pixel_values: Tensor) -> Tensor:
         return self.forward_head(self.forward_features(pixel_values))

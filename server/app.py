@@ -20,9 +20,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.errors import HTTP_STATUS, ErrorKind, ServeError, clean_message, kind_for_status, too_large
 from server.models import ServedModel, load_repository
-from server.routes import docs, info, triton, ui, v1, v2
+from server.routes import docs, explain, info, triton, ui, v1, v2
 from server.routes.common import AppState, ClientWatch, client_watch
-from server.schemas import V1PredictRequest, V2InferRequest
+from server.schemas import V1ExplainRequest, V1PredictRequest, V2InferRequest
 from server.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -69,6 +69,7 @@ def create_app(settings: Settings | None = None, models: list[ServedModel] | Non
     app.include_router(triton.router)  # before v2: /v2/models/stats is not a model named "stats"
     app.include_router(v2.router)
     app.include_router(v1.router)
+    app.include_router(explain.router)
     app.include_router(info.router)
     app.include_router(ui.router)
     docs.install(app)
@@ -146,7 +147,7 @@ def _add_openapi_components(app: FastAPI) -> None:
             schema = get_openapi(title=app.title, version=app.version, description=app.description,
                                  routes=app.routes)  # fmt: skip
             components = schema.setdefault("components", {}).setdefault("schemas", {})
-            for model in (V2InferRequest, V1PredictRequest):
+            for model in (V2InferRequest, V1PredictRequest, V1ExplainRequest):
                 body = model.model_json_schema(ref_template="#/components/schemas/{model}")
                 components.update(body.pop("$defs", {}))
                 components[model.__name__] = body

@@ -12,6 +12,7 @@ from typing import Any
 from server.models import RAW_INPUT, ServedModel
 from server.preprocess import TRUNCATION_SIDES
 from server.repository import ImagePreprocessing, TextPreprocessing
+from server.schemas import MAX_PASSAGES_RANGE
 
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/webp", "image/bmp", "image/gif")
 TEXT_TYPES = ("text/plain",)
@@ -58,6 +59,8 @@ def describe(model: ServedModel) -> dict[str, Any]:
         card["length_unit"] = "UTF-8 bytes"
         card["truncation_sides"] = list(TRUNCATION_SIDES)
         card["suited_inputs"] = _SUITS["text"]
+        card["explain"] = {"v1": ":explain", "v2_parameter": "explain", "method": "occlusion",
+                           "max_passages": list(MAX_PASSAGES_RANGE)}  # fmt: skip
     elif isinstance(prep, ImagePreprocessing):
         card["image_size"] = [prep.height, prep.width]
         card["channels"] = prep.channels
@@ -71,4 +74,11 @@ def describe(model: ServedModel) -> dict[str, Any]:
     data = extra.get("data")
     if isinstance(data, dict):
         card["data"] = data
+    # "Not mine": each prediction's ood_score is compared with this threshold (in_distribution).
+    ood = extra.get("ood")
+    if config.has_ood_output:
+        card["ood"] = {"output": "ood_score", **(ood if isinstance(ood, dict) else {})}
+    calibration = extra.get("calibration")  # informational: the temperature is already in the logits
+    if isinstance(calibration, dict):
+        card["calibration"] = calibration
     return card

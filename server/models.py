@@ -7,13 +7,14 @@ import io
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from PIL import Image
 
-from server.backends import Backend, create_backend
+from server.backends import Backend, ModelOutputs, create_backend, run_outputs
 from server.batcher import Batcher, BatchObserver, BatchPolicy, BatchResult
 from server.errors import ErrorKind, ServeError, not_found
 from server.metrics import Metrics
@@ -32,6 +33,16 @@ log = logging.getLogger(__name__)
 RAW_INPUT = "raw"  # BYTES input: encoded image or UTF-8 text, one element per item
 
 
+@dataclass(frozen=True)
+class Scored:
+    """One item's answer: its probabilities and, for a model with an ood_score output, how unlike the
+    training data it is (in_distribution when config.json's ood.threshold is set)."""
+
+    probabilities: np.ndarray  # [n_labels] float32
+    ood_score: float | None = None
+    in_distribution: bool | None = None
+
+
 class ServedModel:
     def __init__(
         self,
@@ -42,7 +53,7 @@ class ServedModel:
     ) -> None:
         self.config = config
         self.backend = backend
-        self.batcher: Batcher[Item, np.ndarray] = Batcher(config.name, self._run_batch, policy, observer)
+        self.batcher: Batcher[Item, Scored] = Batcher(config.name, self._run_batch, policy, observer)
         self.decode_budget: DecodeBudget | None = None  # shared by the app's models (server.app)
 
     @property
@@ -53,12 +64,20 @@ class ServedModel:
     def version(self) -> str:
         return self.config.version
 
-    def _run_batch(self, items: list[Item]) -> list[np.ndarray]:
-        """Worker thread: pad, run, softmax; one probability row [n_labels] per item."""
-        logits = self.backend.run(collate(items, self.config))  # [B, n_labels]
-        return list(softmax(logits))
+    def _run_batch(self, items: list[Item]) -> list[Scored]:
+        """Worker thread: pad, run, softmax; one Scored (probabilities [n_labels], ood_score) per item."""
+        outputs = run_outputs(self.backend, collate(items, self.config))
+        _check_finite(self.name, outputs)
+        probabilities = softmax(outputs.logits)  # [B, n_labels]
+        if outputs.ood_score is None:
+            return [Scored(row) for row in probabilities]
+        threshold = self.config.ood_threshold
+        return [
+            Scored(row, float(score), None if threshold is None else bool(score <= threshold))
+            for row, score in zip(probabilities, outputs.ood_score, strict=True)
+        ]
 
-    async def classify(self, items: Sequence[Item], timeout_s: float) -> list[BatchResult[np.ndarray]]:
+    async def classify(self, items: Sequence[Item], timeout_s: float) -> list[BatchResult[Scored]]:
         """Queue the items and wait for all of them.
 
         The timeout covers waiting, as Triton's queue policy does: items still queued when it passes, or
@@ -93,7 +112,8 @@ class ServedModel:
             item = image_item(_blank_png(prep), prep, prep.width * prep.height)
         expected = (1, len(self.config.labels))
         try:
-            logits = self.backend.run(collate([item], self.config))
+            outputs = run_outputs(self.backend, collate([item], self.config))
+            logits = outputs.logits
         except Exception as exc:
             raise RepositoryError(
                 f"model {self.name!r} failed its one-item load check (config.json lists {expected[1]} labels): {exc}"
@@ -105,6 +125,8 @@ class ServedModel:
             )
         if not np.isfinite(logits).all():
             raise RepositoryError(f"model {self.name!r} outputs non-finite logits for a one-item check")
+        if outputs.ood_score is not None and not np.isfinite(outputs.ood_score).all():
+            raise RepositoryError(f"model {self.name!r} outputs a non-finite ood_score for a one-item check")
 
     def warmup(self) -> None:
         """Run the shapes a first request would, before the server reports ready."""
@@ -128,9 +150,16 @@ class ServedModel:
             "outputs": [
                 {"name": "probabilities", "datatype": "FP32", "shape": [-1, len(self.config.labels)]},
                 {"name": "label", "datatype": "BYTES", "shape": [-1]},
+                *({"name": n, "datatype": t, "shape": [-1]} for n, t in self.ood_outputs().items()),
             ],
             "parameters": self.limits(),
         }
+
+    def ood_outputs(self) -> dict[str, str]:
+        """The v2 outputs (name -> datatype) that say how unlike the training data an item is."""
+        if not self.config.has_ood_output:
+            return {}
+        return {"ood_score": "FP32", **({"in_distribution": "BOOL"} if self.config.ood_threshold is not None else {})}
 
     def limits(self) -> dict[str, Any]:
         """What a client must know before sending: task, labels, and for text the longest input accepted
@@ -145,6 +174,13 @@ class ServedModel:
     async def stop(self) -> None:
         await self.batcher.stop()
         self.backend.close()
+
+
+def _check_finite(name: str, outputs: ModelOutputs) -> None:
+    """NaN or Inf would be answered as invalid JSON (or a meaningless label): the batch fails instead."""
+    for what, array in (("logits", outputs.logits), ("ood_score", outputs.ood_score)):
+        if array is not None and not np.isfinite(array).all():
+            raise RuntimeError(f"model {name!r} returned non-finite {what} (NaN or Inf) for this batch")
 
 
 def _blank_png(prep: TextPreprocessing | ImagePreprocessing) -> bytes:

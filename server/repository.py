@@ -7,6 +7,7 @@ is refused before the server reports ready.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -14,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 ONNX_FILE = "model.onnx"
 TORCH_FILE = "model.safetensors"
+OOD_OUTPUT = "ood_score"  # optional second output: [batch] FP32, higher = less like the training data
 
 
 class TensorSpec(BaseModel):
@@ -66,6 +68,16 @@ class ModelConfig(BaseModel):
         assert isinstance(self.preprocessing, TextPreprocessing)
         return 256 + self.preprocessing.byte_offset
 
+    @property
+    def has_ood_output(self) -> bool:
+        return any(spec.name == OOD_OUTPUT for spec in self.outputs)
+
+    @property
+    def ood_threshold(self) -> float | None:
+        """config.json's ood.threshold: an item is in distribution when its ood_score <= threshold."""
+        ood = (self.model_extra or {}).get("ood")
+        return float(ood["threshold"]) if isinstance(ood, dict) and "threshold" in ood else None
+
 
 class RepositoryError(RuntimeError):
     """The repository is unusable; raised at start-up."""
@@ -80,7 +92,22 @@ def read_config(model_dir: Path) -> ModelConfig:
     expected = {"text": "bytes", "image": "image"}[config.task]
     if config.preprocessing.kind != expected:
         raise RepositoryError(f"{path}: task {config.task!r} needs preprocessing kind {expected!r}")
+    _check_ood(path, config)
     return config
+
+
+def _check_ood(path: Path, config: ModelConfig) -> None:
+    """An `ood` section needs a finite threshold and an ood_score output to compare it with."""
+    ood = (config.model_extra or {}).get("ood")
+    if ood is None:
+        return
+    threshold = ood.get("threshold") if isinstance(ood, dict) else None
+    if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not math.isfinite(threshold):
+        raise RepositoryError(f"{path}: ood.threshold must be a finite number, got {threshold!r}")
+    if not config.has_ood_output:
+        raise RepositoryError(
+            f"{path}: ood.threshold is set but outputs {[s.name for s in config.outputs]} have no {OOD_OUTPUT!r}"
+        )
 
 
 def discover(repository: Path, names: list[str] | None = None) -> dict[str, Path]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator
 
 from server.errors import malformed
 
@@ -108,6 +108,12 @@ class Prediction(BaseModel):
     score: float
     top_k: list[LabelScore]
     truncated: bool = Field(False, description="The text was longer than max_length and was cut")
+    ood_score: float | None = Field(
+        None, description="How unlike the training data the input is (higher = less alike); null if the model has none"
+    )
+    in_distribution: bool | None = Field(
+        None, description="ood_score <= the model's threshold (set so 95% of held-out training-like items pass)"
+    )
 
 
 class V1PredictResponse(BaseModel):
@@ -117,6 +123,48 @@ class V1PredictResponse(BaseModel):
 class ClassifyResponse(Prediction):
     model_name: str
     model_version: str
+
+
+MAX_PASSAGES_RANGE = (2, 64)  # what an :explain request may ask for (server.explain)
+
+
+class V1ExplainParameters(V1Parameters):
+    max_passages: int | None = Field(
+        None, description="Split each text into at most this many passages, 2-64 (default: the server's)"
+    )
+
+    @field_validator("max_passages", mode="before")
+    @classmethod
+    def _in_range(cls, value: object) -> object:
+        low, high = MAX_PASSAGES_RANGE
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high):
+            raise ValueError(f"max_passages must be an integer in [{low}, {high}], got {value!r}")
+        return value
+
+
+class V1ExplainRequest(_Body):
+    instances: list[str | B64Instance] = Field(min_length=1, description="Texts as strings (or UTF-8 as b64)")
+    parameters: V1ExplainParameters = Field(default_factory=V1ExplainParameters)
+
+
+class PassageContribution(BaseModel):
+    start: int = Field(description="Byte offset of the passage in the UTF-8 text the model read (after truncation)")
+    end: int = Field(description="Byte offset just past the passage")
+    text: str
+    contribution: float | None = Field(
+        description="p(label | text) - p(label | text without this passage); null if the text is one passage"
+    )
+    score_without: float | None = Field(description="p(label | text without this passage)")
+
+
+class Explanation(Prediction):
+    method: Literal["occlusion"] = "occlusion"
+    length: int = Field(description="Bytes the model read")
+    passages: list[PassageContribution] = Field(description="In document order; together they cover the text")
+
+
+class V1ExplainResponse(BaseModel):
+    explanations: list[Explanation]
 
 
 class ErrorBody(BaseModel):

@@ -80,6 +80,13 @@ class Settings(BaseSettings):
         description="Items whose lengths are within this ratio of the batch's oldest item are batched "
         "first, so little compute is spent on padding.",
     )
+    explain_passages: int = Field(
+        16,
+        ge=2,
+        le=64,
+        description=":explain splits a text into at most this many passages (a request may ask for 2-64); each "
+        "passage costs one more model run of about the text's length.",
+    )
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="Largest request body; larger ones get 413.")
     max_image_pixels: int = Field(
         4096 * 4096, ge=1, description="Largest decoded image (width x height); larger ones get 413."

@@ -1,4 +1,7 @@
-"""Inference backends: run one padded batch, return logits. They know nothing of HTTP or batching.
+"""Inference backends: run one padded batch, return its outputs. They know nothing of HTTP or batching.
+
+Every model has `logits`; a model may also have `ood_score` [batch] (higher = less like its training
+data), declared in config.json's outputs. `run_outputs` returns both; `run` stays the logits alone.
 
 Each backend declares why it cannot serve a model/device (`not_supported_reasons`) so start-up can say
 exactly what is missing instead of failing at the first request.
@@ -6,17 +9,24 @@ exactly what is missing instead of failing at the first request.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
 import numpy as np
 
-from server.repository import ModelConfig
+from server.repository import OOD_OUTPUT, ModelConfig
 
 BackendName = Literal["onnxruntime", "torch"]
 Device = Literal["cpu", "cuda"]
 # How onnxruntime runs LaraAttention nodes on the CPU (settings.ort_attention).
 OrtAttention = Literal["auto", "fused", "body"]
+
+
+@dataclass(frozen=True)
+class ModelOutputs:
+    logits: np.ndarray  # [batch, n_labels] float32
+    ood_score: np.ndarray | None = None  # [batch] float32, when the model has the output
 
 
 class Backend(Protocol):
@@ -25,6 +35,10 @@ class Backend(Protocol):
 
     def run(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         """Inputs named as in config.json, batch first -> FP32 logits [batch, n_labels]."""
+        ...
+
+    def run_outputs(self, inputs: dict[str, np.ndarray]) -> ModelOutputs:
+        """The same batch -> logits and, when config.json declares it, ood_score [batch]."""
         ...
 
     def close(self) -> None: ...
@@ -59,3 +73,22 @@ def check_logits(logits: np.ndarray, batch: int, config: ModelConfig) -> np.ndar
     if logits.shape != expected:
         raise RuntimeError(f"model returned logits {logits.shape}, expected {expected}")
     return np.ascontiguousarray(logits, dtype=np.float32)
+
+
+def run_outputs(backend: Backend, inputs: dict[str, np.ndarray]) -> ModelOutputs:
+    """All outputs of a batch; a backend written before `run_outputs` existed gives logits alone."""
+    method = getattr(backend, "run_outputs", None)
+    return method(inputs) if method is not None else ModelOutputs(backend.run(inputs))
+
+
+def check_outputs(logits: np.ndarray, ood_score: np.ndarray | None, batch: int, config: ModelConfig) -> ModelOutputs:
+    """check_logits, and an ood_score of one value per item when config.json declares one."""
+    checked = check_logits(logits, batch, config)
+    if not config.has_ood_output:
+        return ModelOutputs(checked)
+    if ood_score is None:
+        raise RuntimeError(f"config.json declares output {OOD_OUTPUT!r} but the model did not return it")
+    score = np.asarray(ood_score, dtype=np.float32).reshape(-1) if np.ndim(ood_score) <= 2 else None
+    if score is None or score.shape != (batch,):
+        raise RuntimeError(f"model returned {OOD_OUTPUT} {np.shape(ood_score)}, expected ({batch},)")
+    return ModelOutputs(checked, np.ascontiguousarray(score))

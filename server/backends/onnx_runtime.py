@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from server.backends import BackendUnavailable, Device, OrtAttention, check_logits
-from server.repository import ONNX_FILE, ModelConfig
+from server.backends import BackendUnavailable, Device, ModelOutputs, OrtAttention, check_outputs
+from server.repository import ONNX_FILE, OOD_OUTPUT, ModelConfig
 
 
 def not_supported_reasons(model_dir: Path, config: ModelConfig, device: Device) -> list[str]:
@@ -66,11 +66,24 @@ class OnnxRuntimeBackend:
         declared = [spec.name for spec in config.inputs]
         if sorted(self._input_names) != sorted(declared):
             raise BackendUnavailable(f"{path} has inputs {self._input_names} but config.json declares {declared}")
+        graph_outputs = [o.name for o in self.session.get_outputs()]
+        # By name when the graph has both; else the first output is the logits, as before ood_score existed.
+        logits_name = "logits" if "logits" in graph_outputs else graph_outputs[0]
+        self._output_names = [logits_name]
+        if config.has_ood_output:
+            if OOD_OUTPUT not in graph_outputs:
+                raise BackendUnavailable(
+                    f"config.json declares output {OOD_OUTPUT!r} but {path} has outputs {graph_outputs}"
+                )
+            self._output_names.append(OOD_OUTPUT)
 
     def run(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        return self.run_outputs(inputs).logits
+
+    def run_outputs(self, inputs: dict[str, np.ndarray]) -> ModelOutputs:
         batch = next(iter(inputs.values())).shape[0]
-        (logits,) = self.session.run(None, {name: inputs[name] for name in self._input_names})[:1]
-        return check_logits(logits, batch, self._config)
+        outs = self.session.run(self._output_names, {name: inputs[name] for name in self._input_names})
+        return check_outputs(outs[0], outs[1] if len(outs) > 1 else None, batch, self._config)
 
     def close(self) -> None:
         del self.session

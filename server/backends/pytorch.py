@@ -6,14 +6,16 @@ model_export is imported lazily: servers running onnxruntime do not need it.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from server.backends import BackendUnavailable, Device, check_logits
-from server.repository import TORCH_FILE, ModelConfig
+from server.backends import BackendUnavailable, Device, ModelOutputs, check_outputs
+from server.repository import OOD_OUTPUT, TORCH_FILE, ModelConfig
 
 Loader = Callable[[Path], Any]
 
@@ -26,6 +28,10 @@ def default_loader() -> Loader:
             f"backend=torch needs model_export.load_pretrained(model_dir) -> torch.nn.Module ({exc}); "
             "use backend=onnxruntime or install the model_export package"
         ) from exc
+    if "serving" in inspect.signature(load_pretrained).parameters:
+        # The model as served: logits / calibration temperature and, when fitted, (logits, ood_score); without
+        # it a calibrated model's probabilities would differ from its model.onnx's.
+        return functools.partial(load_pretrained, serving=True)
     return load_pretrained
 
 
@@ -57,18 +63,29 @@ class TorchBackend:
         self._input_names = [spec.name for spec in config.inputs]
 
     def run(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        return self.run_outputs(inputs).logits
+
+    def run_outputs(self, inputs: dict[str, np.ndarray]) -> ModelOutputs:
         torch = self._torch
         # Positional, in config order: the same order the ONNX export took from forward().
         args = [torch.from_numpy(inputs[name]).to(self.device) for name in self._input_names]
         with torch.inference_mode():
             out = self.module(*args)
-        if isinstance(out, dict):
-            out = out["logits"]
-        elif isinstance(out, tuple | list):
-            out = out[0]
-        elif hasattr(out, "logits"):
-            out = out.logits
-        return check_logits(out.float().cpu().numpy(), args[0].shape[0], self._config)
+        logits, ood = _split_outputs(out)
+        ood_np = ood.float().cpu().numpy() if ood is not None else None
+        return check_outputs(logits.float().cpu().numpy(), ood_np, args[0].shape[0], self._config)
 
     def close(self) -> None:
         del self.module
+
+
+def _split_outputs(out: Any) -> tuple[Any, Any]:
+    """forward()'s result -> (logits, ood_score or None): a tensor, a (logits, ood_score) tuple, a dict, or
+    an object with those attributes."""
+    if isinstance(out, dict):
+        return out["logits"], out.get(OOD_OUTPUT)
+    if isinstance(out, tuple | list):
+        return out[0], out[1] if len(out) > 1 else None
+    if hasattr(out, "logits"):
+        return out.logits, getattr(out, OOD_OUTPUT, None)
+    return out, None

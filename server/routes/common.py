@@ -19,7 +19,7 @@ from starlette.requests import ClientDisconnect
 from server.batcher import BatchResult
 from server.errors import ErrorKind, ServeError
 from server.metrics import Metrics
-from server.models import ModelRegistry, ServedModel
+from server.models import ModelRegistry, Scored, ServedModel
 from server.preprocess import DecodeBudget
 from server.schemas import LabelScore, Prediction
 from server.settings import Settings
@@ -142,13 +142,15 @@ def bool_param(params: dict[str, Any], name: str) -> bool:
     return value
 
 
-def predictions(model: ServedModel, probabilities: np.ndarray, top_k: int) -> list[Prediction]:
-    """[B, n_labels] -> one Prediction per row; ties keep label order (stable sort)."""
+def predictions(model: ServedModel, scored: Sequence[Scored], top_k: int) -> list[Prediction]:
+    """One Prediction per item; ties keep label order (stable sort)."""
     labels = model.config.labels
     k = min(top_k, len(labels))
     out = []
-    for row in probabilities:
+    for item in scored:
+        row = item.probabilities
         order = np.argsort(-row, kind="stable")[:k]
         top = [LabelScore(label=labels[i], score=float(row[i])) for i in order]
-        out.append(Prediction(label=top[0].label, score=top[0].score, top_k=top))
+        out.append(Prediction(label=top[0].label, score=top[0].score, top_k=top, ood_score=item.ood_score,
+                              in_distribution=item.in_distribution))  # fmt: skip
     return out

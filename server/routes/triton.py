@@ -73,6 +73,10 @@ async def model_config(name: str, state: State, version: str | None = None) -> d
         "output": [
             {"name": "probabilities", "data_type": "TYPE_FP32", "dims": [labels], "label_filename": ""},
             {"name": "label", "data_type": "TYPE_STRING", "dims": [1], "reshape": {"shape": []}},
+            *(
+                {"name": n, "data_type": f"TYPE_{t}", "dims": [1], "reshape": {"shape": []}}
+                for n, t in model.ood_outputs().items()
+            ),
         ],
         "dynamic_batching": {
             "preferred_batch_size": [],

@@ -7,10 +7,10 @@ import base64
 import binascii
 from typing import Annotated, Any
 
-import numpy as np
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
+from starlette.convertors import Convertor, register_url_convertor
 
 from server.errors import ErrorKind, ServeError, invalid
 from server.inputs import model_bytes, parse_content_type
@@ -26,12 +26,28 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 router = APIRouter(tags=["v1"], dependencies=[Depends(require_api_key)], responses=_ERRORS)
 
 
+class _ModelName(Convertor[str]):
+    """A model name in a GET path: no ':', so `GET /v1/models/m:predict` is not model m's status (404 for a
+    model named "m:predict") but the :predict route's 405 with `Allow: POST`."""
+
+    regex = "[^/:]+"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("model_name", _ModelName())
+
+
 @router.get("/v1/models")
 async def list_models(state: State) -> dict[str, list[str]]:
     return {"models": sorted(state.registry.models) if state.ready else []}
 
 
-@router.get("/v1/models/{name}")
+@router.get("/v1/models/{name:model_name}")
 async def model_status(name: str, state: State) -> dict[str, Any]:
     model = state.model(name)
     return {**model.limits(), **describe(model), "ready": True}
@@ -69,9 +85,8 @@ async def predict(
         side = truncation_side(body.parameters.truncate) or truncation_side(truncate)
         items = await _to_items(model, raw, side, settings.max_image_pixels)
         results = await model.classify(items, settings.request_timeout_s)
-        probabilities = np.stack([r.value for r in results])  # [B, n_labels]
         top_k = body.parameters.top_k or settings.default_top_k
-        preds = predictions(model, probabilities, top_k)
+        preds = predictions(model, [r.value for r in results], top_k)
         for prediction, item in zip(preds, items, strict=True):
             prediction.truncated = item.truncated
         state.metrics.observe_items(model.name, [i.length for i in items], [r.queue_s + r.inference_s for r in results])
@@ -122,8 +137,7 @@ async def classify(
             model, [data for _, data in named], truncation_side(truncate), settings.max_image_pixels
         )
         results = await model.classify(items, settings.request_timeout_s)
-        probabilities = np.stack([r.value for r in results])  # [B, n_labels]
-        preds = predictions(model, probabilities, top_k or settings.default_top_k)
+        preds = predictions(model, [r.value for r in results], top_k or settings.default_top_k)
         for prediction, item in zip(preds, items, strict=True):
             prediction.truncated = item.truncated
         state.metrics.observe_items(model.name, [i.length for i in items], [r.queue_s + r.inference_s for r in results])

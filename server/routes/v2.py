@@ -9,10 +9,12 @@ import numpy as np
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
+from server import explain as explainer
+from server.batcher import BatchResult
 from server.errors import invalid, too_large
 from server.inputs import b64_elements
 from server.model_card import describe
-from server.models import RAW_INPUT, ServedModel
+from server.models import RAW_INPUT, Scored, ServedModel
 from server.preprocess import Item, image_items_from_tensors, text_items_from_tensors, truncation_side
 from server.routes.common import State, bool_param, require_api_key, timing_headers, track
 from server.routes.triton import EXTENSIONS, class_count, classification
@@ -29,7 +31,7 @@ from server.v2_codec import (
 
 SERVER_NAME = "lara-serve"
 SERVER_VERSION = "0.1.0"
-OUTPUTS = ("probabilities", "label")
+EXPLANATION = "explanation"  # v2 output of parameters.explain (text models)
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody} for code in (400, 401, 404, 413, 415, 422, 429, 503, 504)
 }
@@ -90,39 +92,30 @@ async def infer(name: str, request: Request, state: State, version: str | None =
     An image in a JSON body is a base64 string with the input's `parameters.content_type = "base64"`:
     `{"name": "raw", "datatype": "BYTES", "shape": [1], "data": ["iVBORw0..."], "parameters":
     {"content_type": "base64"}}`. Binary bodies (the binary tensor extension) carry the file bytes as they are.
-    Parameters: `truncate` (false | true | head | tail | head+tail); per output `binary_data` and
-    `classification: k` (Triton's "score:index:label" strings of the top k, on `probabilities`)."""
+    Parameters: `truncate` (false | true | head | tail | head+tail); `explain: true` (text models) adds the
+    output `explanation`, BYTES [batch], one JSON document per item with its passages and their contributions
+    as v1 :explain gives them (`max_passages`: 2-64); asking for the output `explanation` by name implies it.
+    Per output `binary_data` and `classification: k` (Triton's "score:index:label" strings of the top k, on
+    `probabilities`). Models with an ood_score output also give `ood_score` (FP32) and `in_distribution` (BOOL)."""
     settings = state.settings
     with track(state, name):
         model = state.model(name, version)
         body = await request.body()
         decoded = decode_request(body, parse_header_length(request.headers.get(HEADER_LENGTH)))
         params = decoded.request.parameters
+        wants_explanation = any(o.name == EXPLANATION for o in decoded.request.outputs or [])
+        explain = bool_param(params, "explain") or wants_explanation
+        if explain:
+            explainer.require_text(model)
+        max_passages = explainer.check_max_passages(params.get("max_passages", settings.explain_passages))
         tensors = _base64_inputs(decoded)
         items = await _items(model, tensors, truncation_side(params.get("truncate")), settings)
-        results = await model.classify(items, settings.request_timeout_s)
+        results, explanations = await _run(model, items, explain, max_passages, settings)
         state.metrics.observe_items(model.name, [i.length for i in items], [r.queue_s + r.inference_s for r in results])
-
-        probabilities = np.stack([r.value for r in results])  # [B, n_labels]
-        label_ids = probabilities.argmax(axis=1)  # [B]
-        labels = np.empty(len(items), dtype=object)
-        labels[:] = [model.config.labels[i].encode() for i in label_ids]
-        tensors = {"probabilities": ("FP32", probabilities), "label": ("BYTES", labels)}
-
-        binary_default = bool_param(params, "binary_data_output")
-        wanted = decoded.request.outputs
-        if wanted is None:
-            selected = [(n, *tensors[n], binary_default) for n in OUTPUTS]
-        else:
-            unknown = [o.name for o in wanted if o.name not in tensors]
-            if unknown:
-                raise invalid(f"unknown outputs {unknown}; this model has {list(OUTPUTS)}")
-            selected = []
-            for o in wanted:
-                binary = bool_param({"binary_data_output": binary_default, **o.parameters}, "binary_data_output")
-                k = class_count(o.parameters, o.name)  # Triton's classification extension
-                tensor = ("BYTES", classification(probabilities, model.config.labels, k)) if k else tensors[o.name]
-                selected.append((o.name, *tensor, binary))
+        outputs = _output_tensors(model, [r.value for r in results])
+        if explanations is not None:
+            outputs[EXPLANATION] = ("BYTES", explanations)
+        selected = _select(outputs, decoded, bool_param(params, "binary_data_output"), model)
         header: dict[str, Any] = {"model_name": model.name, "model_version": model.version}
         if model.config.task == "text":  # per item, in request order: was the text cut to max_length?
             header["parameters"] = {"truncated": [item.truncated for item in items]}
@@ -130,6 +123,59 @@ async def infer(name: str, request: Request, state: State, version: str | None =
             header["id"] = decoded.request.id
         content, headers = encode_response(header, selected)
         return Response(content, headers={**headers, **timing_headers(state, name, results)})
+
+
+async def _run(
+    model: ServedModel, items: list[Item], explain: bool, max_passages: int, settings: Settings
+) -> tuple[list[BatchResult[Scored]], np.ndarray | None]:
+    """The items' results and, with explain, the BYTES output `explanation`: per item one JSON document
+    {"method", "length", "passages": [...]}, the passages as v1 :explain gives them."""
+    if not explain:
+        return await model.classify(items, settings.request_timeout_s), None
+    results, passages = await explainer.explain(
+        model, items, max_passages, settings.request_timeout_s, settings.max_queue_size
+    )
+    return results, _bytes_array(explainer.documents(items, passages))
+
+
+def _output_tensors(model: ServedModel, scored: list[Scored]) -> dict[str, tuple[str, np.ndarray]]:
+    """Every output this model can give, name -> (datatype, array with the batch first)."""
+    probabilities = np.stack([s.probabilities for s in scored])  # [B, n_labels]
+    labels = _bytes_array([model.config.labels[i].encode() for i in probabilities.argmax(axis=1)])
+    tensors = {"probabilities": ("FP32", probabilities), "label": ("BYTES", labels)}
+    ood = model.ood_outputs()
+    if "ood_score" in ood:
+        tensors["ood_score"] = ("FP32", np.array([s.ood_score for s in scored], dtype=np.float32))  # [B]
+    if "in_distribution" in ood:
+        tensors["in_distribution"] = ("BOOL", np.array([s.in_distribution for s in scored], dtype=np.bool_))  # [B]
+    return tensors
+
+
+def _bytes_array(values: list[bytes]) -> np.ndarray:
+    array = np.empty(len(values), dtype=object)
+    array[:] = values
+    return array
+
+
+def _select(
+    tensors: dict[str, tuple[str, np.ndarray]], decoded: DecodedRequest, binary_default: bool, model: ServedModel
+) -> list[tuple[str, str, np.ndarray, bool]]:
+    """No `outputs` in the request: every output. Else the ones named, in the order asked (v2's rule)."""
+    wanted = decoded.request.outputs
+    if wanted is None:
+        return [(name, *tensor, binary_default) for name, tensor in tensors.items()]
+    unknown = [o.name for o in wanted if o.name not in tensors]
+    if unknown:
+        names = [*tensors, *([] if EXPLANATION in tensors or model.config.task != "text" else [EXPLANATION])]
+        raise invalid(f"unknown outputs {unknown}; this model has {names}")
+    selected = []
+    probabilities = tensors["probabilities"][1]
+    for o in wanted:
+        binary = bool_param({"binary_data_output": binary_default, **o.parameters}, "binary_data_output")
+        k = class_count(o.parameters, o.name)  # Triton's classification extension
+        tensor = ("BYTES", classification(probabilities, model.config.labels, k)) if k else tensors[o.name]
+        selected.append((o.name, *tensor, binary))
+    return selected
 
 
 def _base64_inputs(decoded: DecodedRequest) -> list[Tensor]:

@@ -1,4 +1,5 @@
-// The /ui page: pick a model, send an image or a text to :classify, show top-k, timing and truncation.
+// The /ui page: pick a model, send an image or a text to :classify, show top-k, timing, truncation and how
+// unlike the training data the input is (ood_score); for texts, :explain highlights the passages that decided.
 // Plain browser JavaScript, no dependencies: everything it loads comes from this server.
 "use strict";
 
@@ -45,7 +46,9 @@ function showModel() {
   $("image-input").hidden = model.task !== "image";
   $("text-input").hidden = model.task !== "text";
   $("latency").hidden = model.task !== "text";
+  $("explain").hidden = model.task !== "text";
   $("result").hidden = true;
+  $("explanation").hidden = true;
   updateButton();
   if (model.task === "text") drawLatency();
 }
@@ -54,6 +57,7 @@ function updateButton() {
   const model = currentModel();
   const ready = model && (model.task === "image" ? state.image !== null : $("text").value.length > 0);
   $("classify").disabled = !ready;
+  $("explain").disabled = !ready;
   const bytes = new TextEncoder().encode($("text").value).length;
   $("text-length").textContent = model && model.task === "text"
     ? bytes + " bytes" + (model.max_length && bytes > model.max_length ? " (over " + model.max_length + ")" : "") : "";
@@ -69,6 +73,7 @@ function takeImage(file) {
 }
 
 async function classify() {
+  $("explanation").hidden = true;
   const model = currentModel();
   const params = new URLSearchParams({ top_k: $("top-k").value });
   let body, type;
@@ -115,7 +120,59 @@ function showResult(result, h) {
   $("batch-size").textContent = h.get("x-batch-size") || "-";
   const isText = currentModel().task === "text";
   $("truncated").textContent = !isText ? "- (image)" : result.truncated ? "yes (longer than the model takes)" : "no";
+  const ood = result.ood_score;
+  const verdict = result.in_distribution === true ? " (like the training data)"
+    : result.in_distribution === false ? " (not like the training data)" : "";
+  $("ood-score").textContent = ood === null || ood === undefined ? "- (the model has none)" : ood.toPrecision(4) + verdict;
+  $("ood-badge").hidden = result.in_distribution !== false;
   $("result").hidden = false;
+}
+
+async function explain() {
+  const model = currentModel();
+  const body = { instances: [$("text").value], parameters: { top_k: Number($("top-k").value) } };
+  const side = $("truncate").value;
+  body.parameters.truncate = side === "false" ? false : side;
+  setStatus("explaining (one model run per passage)...");
+  $("explain").disabled = true;
+  try {
+    const url = "/v1/models/" + encodeURIComponent(model.name) + ":explain";
+    const response = await fetch(url, { method: "POST", body: JSON.stringify(body),
+      headers: headers({ "Content-Type": "application/json" }) });
+    if (!response.ok) { setStatus("HTTP " + response.status + ": " + (await errorText(response)), true); return; }
+    const explanation = (await response.json()).explanations[0];
+    showResult(explanation, response.headers);
+    showPassages(explanation);
+    setStatus("done");
+  } catch (e) {
+    setStatus("request failed: " + e, true);
+  } finally {
+    updateButton();
+  }
+}
+
+// The passages cover the text the model read, in order: each becomes a span coloured by its contribution.
+function showPassages(explanation) {
+  const passages = explanation.passages;
+  const scale = Math.max(1e-9, ...passages.map((p) => Math.abs(p.contribution || 0)));
+  const top = passages.filter((p) => p.contribution > 0).sort((a, b) => b.contribution - a.contribution).slice(0, 3);
+  $("explained-label").textContent = explanation.label;
+  $("passages").replaceChildren(...passages.map((p) => {
+    const span = document.createElement("span");
+    span.className = "passage" + (top.includes(p) ? " top" : "");
+    span.textContent = p.text;
+    span.dataset.start = String(p.start);
+    span.dataset.end = String(p.end);
+    span.dataset.contribution = p.contribution === null ? "" : String(p.contribution);
+    span.dataset.rank = top.includes(p) ? String(top.indexOf(p) + 1) : "";
+    const c = p.contribution || 0;
+    const alpha = (0.7 * Math.abs(c) / scale).toFixed(3);
+    span.style.backgroundColor = c >= 0 ? "rgba(46, 160, 67, " + alpha + ")" : "rgba(207, 34, 46, " + alpha + ")";
+    span.title = p.contribution === null ? "the whole text is one passage"
+      : "bytes " + p.start + "-" + p.end + ": " + (c >= 0 ? "+" : "") + (100 * c).toFixed(2) + " points of " + explanation.label;
+    return span;
+  }));
+  $("explanation").hidden = false;
 }
 
 // Prometheus text -> {length: [sum, count]} of lara_item_seconds for one model.
@@ -173,6 +230,7 @@ function init() {
   $("model").addEventListener("change", showModel);
   $("text").addEventListener("input", updateButton);
   $("classify").addEventListener("click", classify);
+  $("explain").addEventListener("click", explain);
   $("image-file").addEventListener("change", (e) => takeImage(e.target.files[0]));
   $("text-file").addEventListener("change", async (e) => {
     if (e.target.files[0]) { $("text").value = await e.target.files[0].text(); updateButton(); }

@@ -1,0 +1,296 @@
+"""Label-preserving text augmentation for training: casing, whitespace, markup, typos, and unrelated filler.
+
+A byte-level model trained only on clean news articles learns that every byte of its input is article: a
+document wrapped in a licence, a web page's navigation or an e-mail's quoted thread is then read as a
+different kind of document. Training windows here get, with set probabilities, the kinds of noise real
+inputs carry; the label stays the article's.
+
+Filler for training comes from text installed on every machine that runs the trainer, never from the
+evaluation sets (`benchmarks.robustness` keeps its own sources; `EVAL_LICENCE_FAMILIES` names the licence
+texts it uses, which are kept out of training here):
+- code: Python's standard library sources;
+- prose: the descriptions (METADATA) of the installed Python packages;
+- licence: the licence files those packages ship, less the families the evaluation uses;
+- markup: generated web-page furniture (navigation, cookie notices, footers) around generated words;
+- salad: words drawn at random from the prose source's vocabulary (text with no topic at all).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import sysconfig
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+# Licence families that benchmarks.robustness appends to articles (from /usr/share/common-licenses): a
+# training licence containing one of these headings is skipped, so the evaluation's licences stay unseen.
+EVAL_LICENCE_FAMILIES = (
+    "GNU GENERAL PUBLIC LICENSE",
+    "GNU LESSER GENERAL PUBLIC",
+    "GNU LIBRARY GENERAL PUBLIC",
+    "GNU FREE DOCUMENTATION",
+    "Apache License",
+    "Mozilla Public License",
+    "Artistic License",
+    "Creative Commons",
+)
+FILLER_KINDS = ("code", "prose", "licence", "markup", "salad")
+_MAX_SOURCE_BYTES = 4_000_000  # per kind: enough variety, bounded start-up time and memory
+_MAX_FILE_BYTES = 200_000
+
+
+def _read_files(paths: Sequence[Path], skip: Sequence[str] = ()) -> list[bytes]:
+    """Each file's bytes (sorted paths, bounded sizes), skipping files that contain any of `skip`."""
+    out: list[bytes] = []
+    total = 0
+    for path in sorted(paths):
+        try:
+            raw = path.read_bytes()[:_MAX_FILE_BYTES]
+        except OSError:
+            continue
+        text = raw.decode("utf-8", errors="ignore")
+        if len(raw) < 200 or any(s.lower() in text.lower() for s in skip):
+            continue
+        out.append(text.encode("utf-8"))
+        total += len(out[-1])
+        if total >= _MAX_SOURCE_BYTES:
+            break
+    return out
+
+
+def _metadata_prose(raw: bytes) -> bytes:
+    """A METADATA file without its RFC 822 header lines: the package's long description."""
+    text = raw.decode("utf-8", errors="ignore")
+    head, _, body = text.partition("\n\n")
+    return (body or head).encode("utf-8")
+
+
+def _words(texts: Sequence[bytes]) -> list[str]:
+    vocab: set[str] = set()
+    for t in texts:
+        vocab.update(re.findall(r"\b[A-Za-z]{3,12}\b", t.decode("utf-8", errors="ignore")))
+    return sorted(vocab)
+
+
+_NAV = ("Home", "About us", "Contact", "Sign in", "Subscribe", "Search", "Menu", "Privacy policy", "Terms of use",
+        "Cookie settings", "Accessibility", "Help", "Careers", "Advertise", "Share", "Print", "Email this page",
+        "Skip to content", "Log out", "Newsletter", "Follow us", "Related links", "Back to top", "Sitemap")  # fmt: skip
+
+
+def _markup(rng: random.Random, words: Sequence[str], length: int) -> bytes:
+    """Web-page furniture: nav lists, cookie notices, footers, tags and attributes, around random words."""
+    parts: list[str] = []
+    size = 0
+    while size < length:
+        kind = rng.randrange(4)
+        if kind == 0:
+            items = "".join(f'<li><a href="/{rng.choice(words).lower()}">{rng.choice(_NAV)}</a></li>' for _ in range(6))
+            parts.append(f'<nav class="menu"><ul>{items}</ul></nav>')
+        elif kind == 1:
+            parts.append(
+                '<div id="cookie">We use cookies to improve your experience. By continuing you accept our '
+                f"{rng.choice(_NAV).lower()}. <button>Accept</button> <button>Manage</button></div>"
+            )
+        elif kind == 2:
+            parts.append(f"<footer>&copy; {rng.randrange(1990, 2030)} {' | '.join(rng.sample(_NAV, 5))}</footer>")
+        else:
+            text = " ".join(rng.choice(words) for _ in range(rng.randrange(5, 30)))
+            parts.append(f'<div class="{rng.choice(words).lower()}"><span>{text}</span></div>')
+        size += len(parts[-1]) + 1
+    return "\n".join(parts).encode("utf-8")
+
+
+def _salad(rng: random.Random, words: Sequence[str], length: int) -> bytes:
+    out: list[str] = []
+    size = 0
+    while size < length:
+        sentence = " ".join(rng.choice(words) for _ in range(rng.randrange(4, 18)))
+        out.append(sentence[:1].upper() + sentence[1:] + rng.choice(".?!;"))
+        size += len(out[-1]) + 1
+    return " ".join(out).encode("utf-8")
+
+
+class FillerBank:
+    """Unrelated text for training, by kind. `sample(rng, length)` returns `length` bytes (whole UTF-8
+    characters, cut at a random place of a random source) of a random kind."""
+
+    def __init__(self, sources: dict[str, list[bytes]], words: Sequence[str]) -> None:
+        empty = [k for k in ("code", "prose", "licence") if not sources.get(k)]
+        if empty:
+            raise ValueError(f"filler sources found no text for {empty}; is the Python installation complete?")
+        self.sources = sources
+        self.words = list(words)
+
+    @classmethod
+    @lru_cache(maxsize=1)
+    def installed(cls) -> FillerBank:
+        """The bank built from this machine's installed Python (stdlib sources, packages' metadata and licences)."""
+        stdlib = Path(sysconfig.get_paths()["stdlib"])
+        purelib = Path(sysconfig.get_paths()["purelib"])
+        code = _read_files(list(stdlib.glob("*.py")))
+        prose = [_metadata_prose(t) for t in _read_files(list(purelib.glob("*.dist-info/METADATA")))]
+        licence_paths = [p for p in purelib.glob("*.dist-info/**/*") if p.is_file() and "licen" in str(p).lower()]
+        licence = _read_files(licence_paths, skip=EVAL_LICENCE_FAMILIES)
+        sources = {"code": code, "prose": [p for p in prose if len(p) > 200], "licence": licence}
+        return cls(sources, _words(sources["prose"]))
+
+    def sample(self, rng: random.Random, length: int, kind: str | None = None) -> bytes:
+        kind = kind or rng.choice(FILLER_KINDS)
+        if kind == "markup":
+            raw = _markup(rng, self.words, length)
+        elif kind == "salad":
+            raw = _salad(rng, self.words, length)
+        else:
+            pool = self.sources[kind]
+            parts, size = [], 0
+            while size < length:  # concatenate random files until long enough
+                parts.append(pool[rng.randrange(len(pool))])
+                size += len(parts[-1]) + 1
+            raw = b"\n".join(parts)
+        start = rng.randrange(max(1, len(raw) - length + 1))
+        return _whole_chars(raw[start : start + length])
+
+
+def _whole_chars(raw: bytes) -> bytes:
+    """Drop partial UTF-8 sequences at either end of a cut."""
+    return raw.decode("utf-8", errors="ignore").encode("utf-8")
+
+
+# -- perturbations of the article itself ----------------------------------------------------------------
+
+
+def change_case(raw: bytes, rng: random.Random) -> bytes:
+    text = raw.decode("utf-8", errors="ignore")
+    mode = rng.randrange(4)
+    if mode == 0:
+        return text.upper().encode("utf-8")
+    if mode == 1:
+        return text.lower().encode("utf-8")
+    if mode == 2:
+        return text.title().encode("utf-8")
+    # random spans upper-cased, as headlines and shouted phrases are
+    out = list(text)
+    for _ in range(max(1, len(text) // 500)):
+        a = rng.randrange(len(text) + 1)
+        b = min(len(text), a + rng.randrange(10, 200))
+        out[a:b] = list(text[a:b].upper())
+    return "".join(out).encode("utf-8")
+
+
+def change_whitespace(raw: bytes, rng: random.Random) -> bytes:
+    text = raw.decode("utf-8", errors="ignore")
+    mode = rng.randrange(3)
+    if mode == 0:  # collapse: everything on one line
+        return " ".join(text.split()).encode("utf-8")
+    if mode == 1:  # hard-wrapped at a random width, as e-mails and plain-text pages are
+        width = rng.randrange(40, 100)
+        words, lines, line = text.split(), [], ""
+        for w in words:
+            if line and len(line) + len(w) + 1 > width:
+                lines.append(line)
+                line = w
+            else:
+                line = f"{line} {w}" if line else w
+        lines.append(line)
+        return "\n".join(lines).encode("utf-8")
+    # widened: tabs, runs of spaces and blank lines
+    return re.sub(r" ", lambda _: rng.choice((" ", "  ", "\t", " \n")), text).encode("utf-8")
+
+
+def add_markup(raw: bytes, rng: random.Random) -> bytes:
+    """Paragraphs wrapped in HTML tags (an article saved from a web page)."""
+    paras = [p for p in raw.decode("utf-8", errors="ignore").split("\n") if p.strip()]
+    tag = rng.choice(("p", "div", "span", "td"))
+    body = "\n".join(f"<{tag}>{p}</{tag}>" for p in paras)
+    return f"<html><body><article>\n{body}\n</article></body></html>".encode()
+
+
+def add_typos(raw: bytes, rng: random.Random, rate: float = 0.02) -> bytes:
+    """Character-level typos at `rate` per character: swaps, deletions, insertions and substitutions."""
+    chars = list(raw.decode("utf-8", errors="ignore"))
+    out: list[str] = []
+    i = 0
+    while i < len(chars):
+        c = chars[i]
+        if c.isalpha() and rng.random() < rate:
+            op = rng.randrange(4)
+            if op == 0 and i + 1 < len(chars):
+                out += [chars[i + 1], c]
+                i += 2
+                continue
+            if op == 1:
+                i += 1
+                continue
+            if op == 2:
+                out += [c, c]
+            else:
+                out.append(rng.choice("abcdefghijklmnopqrstuvwxyz"))
+        else:
+            out.append(c)
+        i += 1
+    return "".join(out).encode("utf-8")
+
+
+def insert_filler(article: bytes, filler: bytes, where: str, rng: random.Random) -> bytes:
+    """`where`: 'start', 'end', 'both' (filler split around the article) or 'middle' (the article split once
+    at a line or sentence break, the filler between its parts)."""
+    sep = b"\n\n"
+    if where == "start":
+        return filler + sep + article
+    if where == "end":
+        return article + sep + filler
+    if where == "both":
+        cut = rng.randrange(len(filler) + 1)
+        return filler[:cut] + sep + article + sep + filler[cut:]
+    if where == "middle":
+        breaks = [m.end() for m in re.finditer(rb"[.!?\n]\s", article)] or [len(article) // 2]
+        cut = rng.choice(breaks)
+        return article[:cut] + sep + filler + sep + article[cut:]
+    raise ValueError(f"where must be 'start', 'end', 'both' or 'middle', got {where!r}")
+
+
+@dataclass
+class TextAugment:
+    """Per training window, each perturbation with its probability; filler of `filler_min_ratio` to
+    `filler_max_ratio` times the window's length (log-uniform), the whole window capped at `max_total` bytes."""
+
+    case_prob: float = 0.2
+    whitespace_prob: float = 0.2
+    markup_prob: float = 0.1
+    typo_prob: float = 0.1
+    filler_prob: float = 0.5
+    filler_min_ratio: float = 0.25
+    filler_max_ratio: float = 8.0
+    max_total: int = 24576
+    where: tuple[str, ...] = ("start", "end", "both", "middle")
+    bank: FillerBank | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        for name in ("case_prob", "whitespace_prob", "markup_prob", "typo_prob", "filler_prob"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be a probability in [0, 1], got {getattr(self, name)}")
+        if not 0.0 < self.filler_min_ratio <= self.filler_max_ratio:
+            raise ValueError("filler ratios must satisfy 0 < filler_min_ratio <= filler_max_ratio")
+
+    def __call__(self, raw: bytes, rng: random.Random) -> bytes:
+        if not raw:
+            return raw
+        if rng.random() < self.case_prob:
+            raw = change_case(raw, rng)
+        if rng.random() < self.whitespace_prob:
+            raw = change_whitespace(raw, rng)
+        if rng.random() < self.markup_prob:
+            raw = add_markup(raw, rng)
+        if rng.random() < self.typo_prob:
+            raw = add_typos(raw, rng, rate=rng.uniform(0.005, 0.04))
+        if rng.random() < self.filler_prob and len(raw) < self.max_total:
+            bank = self.bank or FillerBank.installed()
+            lo, hi = self.filler_min_ratio, self.filler_max_ratio
+            ratio = lo * (hi / lo) ** rng.random()
+            n = min(int(len(raw) * ratio), self.max_total - len(raw))
+            if n > 0:
+                raw = insert_filler(raw, bank.sample(rng, n), rng.choice(self.where), rng)
+        return raw
