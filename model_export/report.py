@@ -13,32 +13,14 @@ from typing import Any
 
 import numpy as np
 
+from model_export.calibration import calibration_bins, expected_calibration_error
+
 LENGTH_BINS = (0, 1024, 4096, 16384, 65536)  # bytes: accuracy vs document length (text)
-ECE_BINS = 15
 
 
-def expected_calibration_error(probs: np.ndarray, labels: np.ndarray, bins: int = ECE_BINS) -> float:
-    """Sum over equal-width confidence bins of |accuracy - mean confidence| x the bin's share of examples."""
-    conf, hit = probs.max(1), probs.argmax(1) == labels
-    edges = np.linspace(0.0, 1.0, bins + 1)
-    which = np.clip(np.digitize(conf, edges[1:-1], right=True), 0, bins - 1)
-    ece = 0.0
-    for b in range(bins):
-        sel = which == b
-        if sel.any():
-            ece += sel.mean() * abs(hit[sel].mean() - conf[sel].mean())
-    return float(ece)
-
-
-def reliability(probs: np.ndarray, labels: np.ndarray, bins: int = ECE_BINS) -> list[dict[str, float]]:
-    conf, hit = probs.max(1), probs.argmax(1) == labels
-    edges = np.linspace(0.0, 1.0, bins + 1)
-    which = np.clip(np.digitize(conf, edges[1:-1], right=True), 0, bins - 1)
-    return [
-        {"lo": float(edges[b]), "hi": float(edges[b + 1]), "n": int((which == b).sum()),
-         "accuracy": float(hit[which == b].mean()), "confidence": float(conf[which == b].mean())}
-        for b in range(bins) if (which == b).any()
-    ]  # fmt: skip
+def reliability(probs: np.ndarray, labels: np.ndarray) -> list[dict[str, Any]]:
+    """The non-empty confidence bins (model_export.calibration.calibration_bins)."""
+    return [b for b in calibration_bins(probs, labels) if b["n"]]
 
 
 def classification_metrics(probs: np.ndarray, labels: np.ndarray, names: Sequence[str]) -> dict[str, Any]:
@@ -189,8 +171,12 @@ def write_report(out: Path, report: dict[str, Any], names: Sequence[str]) -> Non
         )
     lines += [
         "",
-        f"Calibration: temperature {cal['temperature']:.3f} fitted on the holdout and folded into the head; "
-        f"test ECE {cal['ece_before']:.4f} before, {cal['ece_after']:.4f} after.",
+        f"Calibration: temperature {cal['temperature']:.3f} fitted on the holdout, part of the served graph; "
+        f"test ECE {cal['ece']['test_before']:.4f} before, {cal['ece']['test_after']:.4f} after.",
+        "",
+        f"Out of distribution: each prediction carries an ood_score (Mahalanobis distance of the pooled features); "
+        f"`in_distribution` is true below {report['ood']['threshold']:.4g}, which 95% of the holdout passes "
+        f"({100 * report['ood']['test_in_distribution_rate']:.1f}% of the test set).",
         "",
         "| class | precision | recall | F1 | support |",
         "|---|---|---|---|---|",

@@ -11,59 +11,64 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
+from safetensors.torch import load_file, save_file
 
+from model_export.calibration import ECE_BINS, expected_calibration_error, fit_temperature
 from model_export.config import TextConfig
 from model_export.export import export_model_dir
-from model_export.hub import make_config_dict, save_pretrained
+from model_export.finalize import PASS_RATE
+from model_export.hub import VERSION, WEIGHTS, make_config_dict, save_pretrained
+from model_export.ood import MahalanobisScore, ServingModel, threshold_at
 from model_export.report import accuracy_by_length, classification_metrics, reliability, softmax, write_report
 from model_export.userfit import FitState
 
 
-def fit_temperature(logits: np.ndarray, labels: np.ndarray) -> float:
-    """The temperature T > 0 minimizing the NLL of softmax(logits / T) (log T by LBFGS, float64)."""
-    z, y = torch.from_numpy(logits).double(), torch.from_numpy(labels)
-    log_t = torch.zeros(1, dtype=torch.float64, requires_grad=True)
-    opt = torch.optim.LBFGS([log_t], lr=0.5, max_iter=100, line_search_fn="strong_wolfe")
+def serving_head(model: torch.nn.Module, prep: Any) -> tuple[ServingModel, dict[str, Any], dict[str, Any], Any]:
+    """The shipped models' serving head (model_export.finalize) for this run: a temperature fitted on the
+    holdout, a Mahalanobis out-of-distribution score fitted on training features with the threshold that
+    passes 95% of the holdout. Returns (serving model, calibration section, ood section, test outputs)."""
+    z_val, f_val, y_val = prep.outputs(model, "holdout")
+    temperature = fit_temperature(z_val, y_val)
+    _, f_train, y_train = prep.outputs(model, "train")
+    ood = MahalanobisScore.fit(f_train, y_train)
+    threshold = threshold_at(ood(f_val), PASS_RATE)
+    z_test, f_test, y_test = prep.outputs(model, "test")
 
-    def closure() -> torch.Tensor:
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(z / log_t.exp(), y)
-        loss.backward()
-        return loss
+    def ece(z: torch.Tensor, y: torch.Tensor, t: float) -> float:
+        return round(expected_calibration_error(torch.softmax(z.double() / t, -1), y, ECE_BINS), 4)
 
-    opt.step(closure)
-    return float(log_t.detach().exp().clamp(0.05, 20.0))
-
-
-@torch.no_grad()
-def fold_temperature(model: torch.nn.Module, t: float) -> None:
-    """logits / T as weights: the head (and a wide path) are linear in the logits, so the served graph is
-    calibrated and its argmax unchanged."""
-    model.head.weight.div_(t)
-    model.head.bias.div_(t)
-    if getattr(model, "tfidf", None) is not None:
-        model.tfidf.weight.div_(t)
+    calibration = {
+        "method": "temperature",
+        "temperature": round(temperature, 4),
+        "fitted_on": f"holdout ({len(y_val)} items)",
+        "bins": ECE_BINS,
+        "ece": {"holdout_before": ece(z_val, y_val, 1.0), "holdout_after": ece(z_val, y_val, temperature),
+                "test_before": ece(z_test, y_test, 1.0), "test_after": ece(z_test, y_test, temperature)},
+        "n_test": len(y_test),
+    }  # fmt: skip
+    ood_section = {
+        "method": "mahalanobis",
+        "score": "squared Mahalanobis distance of the pooled features to the nearest class mean (shared covariance)",
+        "fitted_on": f"training split ({len(y_train)} items"
+        + (", documents whole and first 512 / 2,048 bytes)" if prep.data.task == "text" else ")"),
+        "threshold": threshold,
+        "holdout_pass_rate": PASS_RATE,
+        "test_in_distribution_rate": round(float((ood(f_test) <= threshold).double().mean()), 4),
+    }
+    return ServingModel.wrap(model, temperature, ood).eval(), calibration, ood_section, z_test
 
 
 def finish(args: argparse.Namespace, prep: Any, state: FitState, stage: Path) -> dict[str, Any]:
-    """Calibrate, evaluate, export and report into `stage`; returns config.json's "metrics"."""
-    model = prep.model
-    t = fit_temperature(prep.holdout_logits(model).astype(np.float64), prep.holdout_y)
-    raw = prep.test_logits(model).astype(np.float64)
-    fold_temperature(model, t)
-    probs = prep.test_logits(model).astype(np.float64)
-    probs = softmax(probs)
+    """Fit the serving head, evaluate, export and report into `stage`; returns config.json's "metrics"."""
+    model = prep.model.eval()
+    serving, calibration, ood_section, z_test = serving_head(model, prep)
+    raw = z_test.double().numpy()
+    probs = softmax(raw / serving.temperature.item())
     lara = classification_metrics(probs, prep.test_y, prep.names)
-    before = softmax(raw)
-    calibration = {
-        "temperature": round(t, 4),
-        "fitted_on": "holdout",
-        "folded_into_head": True,
-        "ece_before": round(_ece(before, prep.test_y), 4),
-        "ece_after": lara["ece"],
-        "reliability_uncalibrated": reliability(before, prep.test_y),
+    calibration_report = {
+        **calibration,
+        "reliability_uncalibrated": reliability(softmax(raw), prep.test_y),
         "reliability": reliability(probs, prep.test_y),
     }
     baseline = None
@@ -119,9 +124,13 @@ def finish(args: argparse.Namespace, prep: Any, state: FitState, stage: Path) ->
             "command": command_line(args),
         },  # fmt: skip
         metrics=metrics,
-        calibration={k: v for k, v in calibration.items() if not k.startswith("reliability")},
+        calibration=calibration,
+        ood=ood_section,
     )
-    save_pretrained(model.eval(), conf, stage)
+    conf["outputs"] = [*conf["outputs"], {"name": "ood_score", "datatype": "FP32", "shape": [-1]}]
+    save_pretrained(model, conf, stage)
+    weights = stage / VERSION / WEIGHTS
+    save_file({**load_file(str(weights)), **serving.serving_state()}, str(weights), metadata={"format": "pt"})
     max_length = prep.cfg.max_length if isinstance(prep.cfg, TextConfig) else None
     export_model_dir(stage, max_length=max_length)
     (stage / "split.json").write_text(json.dumps(split, indent=2) + "\n")
@@ -133,18 +142,13 @@ def finish(args: argparse.Namespace, prep: Any, state: FitState, stage: Path) ->
         "split": {"how": how, **split["counts"]},
         "lara": lara,
         "baseline": baseline,
-        "calibration": calibration,
+        "calibration": calibration_report,
+        "ood": ood_section,
         "accuracy_by_length": by_length,
         "training": {"epochs": state.epoch, "train_time_s": state.train_time_s, "history": state.history},
     }
     write_report(stage, report, prep.names)
     return metrics
-
-
-def _ece(probs: np.ndarray, labels: np.ndarray) -> float:
-    from model_export.report import expected_calibration_error
-
-    return expected_calibration_error(probs, labels)
 
 
 def command_line(args: argparse.Namespace) -> str:

@@ -32,6 +32,7 @@ from model_export import userdata as ud
 from model_export import userdist
 from model_export.config import TextConfig, config_from_dict
 from model_export.data import pad_batch
+from model_export.finalize import TEXT_HEADS, task_outputs, text_outputs
 from model_export.long_docs import LengthMixTask, length_groups, to_ids
 from model_export.registry import build_model, get_config
 from model_export.tasks import ImageTask
@@ -172,10 +173,10 @@ class Prepared:
     train_task: Any
     holdout_logits: Any  # (model) -> logits [n_holdout, C]
     holdout_y: np.ndarray
-    test_logits: Any  # (model) -> logits [n_test, C]
     test_y: np.ndarray
     hp: dict[str, Any]
     baseline: Any  # (seconds LARA trained) -> (test probabilities, baseline name, fit seconds)
+    outputs: Any  # (model, "train" | "holdout" | "test") -> (logits [N, C], pooled features [N, D], labels [N])
     test_texts: list[bytes]  # text: the test documents (accuracy vs length)
 
 
@@ -204,8 +205,20 @@ def prepare(args: argparse.Namespace) -> Prepared:
         train_task: Any = LengthMixTask([data.texts[i] for i in split.train], y_train, cfg.max_length, **mix)
         hold_raws, test_raws = [data.texts[i] for i in split.holdout], [test.texts[i] for i in test_idx]
         hold_fn = lambda m: _text_logits(m, hold_raws, cfg.max_length)  # noqa: E731
-        test_fn = lambda m: _text_logits(m, test_raws, cfg.max_length)  # noqa: E731
         hp = {**DEFAULTS["news"], "length_mix": mix}
+        # The out-of-distribution fit reads training documents whole and as heads (what head-truncating
+        # clients send), as model_export.finalize does for the shipped models.
+        train_raws = [data.texts[i][: cfg.max_length] for i in split.train]
+        parts = {
+            "train": ([r[:n] for n in (None, *TEXT_HEADS) for r in train_raws], y_all[split.train].tolist() * 3),
+            "holdout": ([r[: cfg.max_length] for r in hold_raws], hold_y.tolist()),
+            "test": ([r[: cfg.max_length] for r in test_raws], test_y.tolist()),
+        }
+
+        def outputs(m: nn.Module, part: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            z, f = text_outputs(m.eval(), parts[part][0])
+            return z, f, torch.tensor(parts[part][1])
+
         train_texts, train_y = [data.texts[i] for i in split.train], y_all[split.train].tolist()
 
         def baseline(secs: float) -> tuple[np.ndarray, str, float]:
@@ -226,8 +239,12 @@ def prepare(args: argparse.Namespace) -> Prepared:
         hold_task = ImageTask(images[split.holdout], torch.from_numpy(hold_y), mean, std, augment=False)
         test_task = ImageTask(test_images[test_idx], torch.from_numpy(test_y), mean, std, augment=False)
         hold_fn = lambda m: _image_logits(m, hold_task)  # noqa: E731
-        test_fn = lambda m: _image_logits(m, test_task)  # noqa: E731
         test_raws = []
+        parts = {"train": ImageTask(images[split.train], y_train, mean, std, augment=False),
+                 "holdout": hold_task, "test": test_task}  # fmt: skip
+
+        def outputs(m: nn.Module, part: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            return task_outputs(m.eval(), parts[part])
 
         def baseline(secs: float) -> tuple[np.ndarray, str, float]:
             probs, fit_s = image_baseline(train_task, test_task, len(names), secs, args.seed)
@@ -247,10 +264,10 @@ def prepare(args: argparse.Namespace) -> Prepared:
         train_task,
         hold_fn,
         hold_y,
-        test_fn,
         test_y,
         hp,
         baseline,
+        outputs,
         test_raws,
     )
 

@@ -88,6 +88,7 @@ def test_text_model_folder_is_complete(work: Path) -> None:
     assert conf["preprocessing"]["max_length"] == 1024 and conf["export"]["lara_nodes"] == 1
     assert conf["split"]["counts"] == {"train": 36, "holdout": 3, "test": 9}
     assert conf["calibration"]["temperature"] > 0 and len(conf["metrics"]["history"]) == 3
+    assert conf["export"]["output_names"] == ["logits", "ood_score"] and conf["ood"]["threshold"] > 0
     split = json.loads((out / "split.json").read_text())
     assert len(split["ids"]["test"]) == 9 and split["ids"]["test"][0].startswith("line ")
     report = json.loads((out / "report.json").read_text())
@@ -96,8 +97,10 @@ def test_text_model_folder_is_complete(work: Path) -> None:
 
 
 def _torch_probs(model_dir: Path, inputs: dict[str, torch.Tensor]) -> np.ndarray:
+    """The served model in torch: (logits / temperature, ood_score) -> probabilities of the one item."""
     with torch.inference_mode():
-        return torch.softmax(load_pretrained(model_dir)(**inputs), -1)[0].numpy()
+        logits, _ = load_pretrained(model_dir, serving=True)(**inputs)
+        return torch.softmax(logits, -1)[0].numpy()
 
 
 def test_served_text_model_matches_torch(work: Path, live_url: str) -> None:
