@@ -310,6 +310,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         state = fit(prep.model, prep.train_task,
                     lambda m: float((prep.holdout_logits(m).argmax(1) == prep.holdout_y).mean()),
                     settings, work / "ckpt", meta, resume=args.resume, progress=progress, group=group)  # fmt: skip
+    except TrainingStopped:
+        raise
+    except BaseException:
+        if group.main and not (work / "ckpt").exists():  # nothing to resume from: leave no trace
+            shutil.rmtree(work, ignore_errors=True)
+        raise
     finally:
         userdist.teardown(group)
     if not group.main:

@@ -164,7 +164,7 @@ def test_a_budget_below_one_epoch_says_the_minimum(tmp_path: Path, capsys: pytes
     assert train_main(args) == 2
     err = capsys.readouterr().err
     assert "too small to finish one epoch" in err and "use --time-budget" in err
-    assert not (tmp_path / "m").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.jsonl"]  # no model, no work folder
 
 
 def _text_task(tmp_path: Path) -> tuple[LengthMixTask, list[bytes]]:
