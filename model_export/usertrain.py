@@ -5,7 +5,7 @@
 
 Steps: read and check the data (model_export.userdata), split it, build the model (text: the shipped
 text encoder's weights with a new head; images: the shipped ViT architecture), train (model_export.userfit),
-fit a temperature on the holdout and fold it into the head, export ONNX with the fused LaraAttention node
+fit the serving head (calibration temperature, ood score; model_export.finalize), export ONNX with the fused LaraAttention node
 (model_export.export), score the test set and a plain baseline, write the report (model_export.report).
 
 Everything is built in a work folder beside DIR (.<name>.lara-train/) and moved into DIR only when all of
