@@ -172,7 +172,14 @@ def write_report(out: Path, report: dict[str, Any], names: Sequence[str]) -> Non
     lines += [
         "",
         f"Calibration: temperature {cal['temperature']:.3f} fitted on the holdout, part of the served graph; "
-        f"test ECE {cal['ece']['test_before']:.4f} before, {cal['ece']['test_after']:.4f} after.",
+        f"test ECE {cal['ece']['test_before']:.4f} before, {cal['ece']['test_after']:.4f} after"
+        + (f" ({cal['note']})" if cal.get("note") else "")
+        + (
+            f". Fitted on {report['split']['holdout']} holdout items: below about 100 the temperature and the ood "
+            "threshold are rough."
+            if report["split"]["holdout"] < 100
+            else "."
+        ),
         "",
         f"Out of distribution: each prediction carries an ood_score (Mahalanobis distance of the pooled features); "
         f"`in_distribution` is true below {report['ood']['threshold']:.4g}, which 95% of the holdout passes "

@@ -30,6 +30,10 @@ def serving_head(model: torch.nn.Module, prep: Any) -> tuple[ServingModel, dict[
     passes 95% of the holdout. Returns (serving model, calibration section, ood section, test outputs)."""
     z_val, f_val, y_val = prep.outputs(model, "holdout")
     temperature = fit_temperature(z_val, y_val)
+    note = None
+    if temperature < 1.0 and bool((z_val.argmax(1) == y_val).all()):
+        # No holdout error: the NLL falls as T -> 0, so the fit would sharpen to its bound on no evidence.
+        temperature, note = 1.0, "no holdout errors: kept T = 1 (the fit would sharpen without bound)"
     _, f_train, y_train = prep.outputs(model, "train")
     ood = MahalanobisScore.fit(f_train, y_train)
     threshold = threshold_at(ood(f_val), PASS_RATE)
@@ -46,6 +50,7 @@ def serving_head(model: torch.nn.Module, prep: Any) -> tuple[ServingModel, dict[
         "ece": {"holdout_before": ece(z_val, y_val, 1.0), "holdout_after": ece(z_val, y_val, temperature),
                 "test_before": ece(z_test, y_test, 1.0), "test_after": ece(z_test, y_test, temperature)},
         "n_test": len(y_test),
+        **({"note": note} if note else {}),
     }  # fmt: skip
     ood_section = {
         "method": "mahalanobis",

@@ -284,3 +284,25 @@ def test_two_processes_under_torchrun_match_one(work: Path, tmp_path: Path) -> N
         assert b["train_acc"] == pytest.approx(a["train_acc"], abs=0.05)
     assert two["test_accuracy"] == pytest.approx(one["test_accuracy"], abs=0.12)  # at most one test doc of 9
     assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "two"]
+
+
+def test_an_error_free_holdout_does_not_sharpen_the_temperature() -> None:
+    from types import SimpleNamespace
+
+    from model_export.userartifact import serving_head
+
+    g = torch.Generator().manual_seed(0)
+    feats, labels = torch.randn(40, 8, generator=g), torch.arange(40) % 2
+    right = torch.nn.functional.one_hot(labels, 2).float() * 3.0  # every holdout item right
+    wrong = right.clone()
+    wrong[:8] = wrong[:8].flip(1)  # 8 of 40 wrong, with the same confidence: the fit softens (T > 1)
+
+    def prep_with(z: torch.Tensor) -> SimpleNamespace:
+        return SimpleNamespace(outputs=lambda m, part: (z, feats, labels), data=SimpleNamespace(task="image"))
+
+    model = build_model(get_config("tiny-vit", num_classes=2), seed=0)
+    _, cal, ood, _ = serving_head(model, prep_with(right))
+    assert cal["temperature"] == 1.0 and "no holdout errors" in cal["note"]
+    _, cal, _, _ = serving_head(model, prep_with(wrong))
+    assert cal["temperature"] > 1.0 and "note" not in cal
+    assert ood["threshold"] > 0
