@@ -64,6 +64,11 @@ class ServedModel:
     def version(self) -> str:
         return self.config.version
 
+    @property
+    def platform(self) -> str:
+        """Triton's platform name, the same in v2 metadata, model config and gRPC (clients match on it)."""
+        return "onnxruntime_onnx" if self.backend.name == "onnxruntime" else "pytorch_libtorch"
+
     def _run_batch(self, items: list[Item]) -> list[Scored]:
         """Worker thread: pad, run, softmax; one Scored (probabilities [n_labels], ood_score) per item."""
         outputs = run_outputs(self.backend, collate(items, self.config))
@@ -145,7 +150,7 @@ class ServedModel:
         return {
             "name": self.name,
             "versions": [self.version],
-            "platform": f"lara_{self.backend.name}",
+            "platform": self.platform,
             "inputs": [raw, *(spec.model_dump() for spec in self.config.inputs)],
             "outputs": [
                 {"name": "probabilities", "datatype": "FP32", "shape": [-1, len(self.config.labels)]},

@@ -65,7 +65,7 @@ async def model_config(name: str, state: State, version: str | None = None) -> d
     gpu = model.backend.device == "cuda"
     return {
         "name": model.name,
-        "platform": "onnxruntime_onnx" if model.backend.name == "onnxruntime" else "pytorch_libtorch",
+        "platform": model.platform,
         "backend": "onnxruntime" if model.backend.name == "onnxruntime" else "pytorch",
         "version_policy": {"specific": {"versions": [model.version]}},
         "max_batch_size": settings.max_batch_size,
@@ -101,52 +101,9 @@ async def model_config(name: str, state: State, version: str | None = None) -> d
 # -- statistics ----------------------------------------------------------------------------------------
 
 
-def _sample(state: AppState, name: str, labels: dict[str, str]) -> float:
-    return state.metrics.registry.get_sample_value(name, labels) or 0.0
-
-
-def _duration(count: float, seconds: float) -> dict[str, int]:
-    return {"count": int(count), "ns": int(seconds * 1e9)}
-
-
 def _model_stats(state: AppState, model: ServedModel) -> dict[str, Any]:
-    """Counts and cumulative times from the metrics (server.metrics), in Triton's statistics shape.
-
-    success: ok requests (ns: wall time of all requests of the model, the only per-request timer kept);
-    fail: requests that ended with an error; queue: per item; compute_infer: per batch (the backend call,
-    which here includes input collation and softmax, so compute_input/compute_output stay 0).
-    """
-    m = {"model": model.name}
-    ok = _sample(state, "lara_requests_total", {**m, "outcome": "ok"})
-    total = sum(
-        s.value
-        for metric in state.metrics.requests.collect()
-        for s in metric.samples
-        if s.name == "lara_requests_total" and s.labels.get("model") == model.name
-    )
-    zero = _duration(0, 0.0)
-    return {
-        "name": model.name,
-        "version": model.version,
-        "last_inference": 0,  # not tracked
-        "inference_count": int(_sample(state, "lara_batch_size_sum", m)),
-        "execution_count": int(_sample(state, "lara_batch_size_count", m)),
-        "inference_stats": {
-            "success": _duration(ok, _sample(state, "lara_request_seconds_sum", m)),
-            "fail": _duration(total - ok, 0.0),
-            "queue": _duration(
-                _sample(state, "lara_queue_seconds_count", m), _sample(state, "lara_queue_seconds_sum", m)
-            ),
-            "compute_input": zero,
-            "compute_infer": _duration(
-                _sample(state, "lara_inference_seconds_count", m), _sample(state, "lara_inference_seconds_sum", m)
-            ),
-            "compute_output": zero,
-            "cache_hit": zero,
-            "cache_miss": zero,
-        },
-        "batch_stats": [],
-    }
+    """Triton's statistics shape, from server.statistics (which says how each count is kept)."""
+    return state.metrics.statistics.snapshot(model.name).as_triton(model.name, model.version)
 
 
 @router.get("/v2/models/stats")
