@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.errors import HTTP_STATUS, ErrorKind, ServeError, clean_message, kind_for_status, too_large
 from server.models import ServedModel, load_repository
-from server.routes import docs, explain, info, triton, ui, v1, v2
+from server.routes import compat, docs, explain, info, triton, ui, v1, v2
 from server.routes.common import AppState, ClientWatch, client_watch
 from server.schemas import V1ExplainRequest, V1PredictRequest, V2InferRequest
 from server.settings import Settings
@@ -72,6 +72,8 @@ def create_app(settings: Settings | None = None, models: list[ServedModel] | Non
     app.include_router(explain.router)
     app.include_router(info.router)
     app.include_router(ui.router)
+    app.include_router(compat.public)  # TEI's and TorchServe's health, GET / -> /ui
+    app.include_router(compat.router)
     docs.install(app)
     state.metrics.track_models(lambda: info.served_models(state))
 
