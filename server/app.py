@@ -46,7 +46,8 @@ def create_app(settings: Settings | None = None, models: list[ServedModel] | Non
             model.decode_budget = state.decode_budget
             model.batcher.start()
         state.started = True  # only now: every usable model is loaded and checked
-        log.info("ready: %s", ", ".join(sorted(loaded)))
+        where = f"http://{settings.host}:{settings.port}"
+        log.info("ready: %s; try them at %s/ui, API docs at %s/docs", ", ".join(sorted(loaded)), where, where)
         if failed:
             log.error("not serving (failed to load): %s", "; ".join(f"{n}: {r}" for n, r in sorted(failed.items())))
         try:

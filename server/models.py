@@ -104,6 +104,15 @@ class ServedModel:
     def item_from_bytes(self, data: bytes, truncate: str | None, max_image_pixels: int) -> Item:
         prep = self.config.preprocessing
         if isinstance(prep, TextPreprocessing):
+            # Imported here: server.inputs imports the model card, which imports this module.
+            from server.inputs import image_for_text_model
+
+            looks = image_for_text_model(data)
+            if looks is not None:  # a clearer answer than "not UTF-8 ... 0x89" or a 413 on the base64
+                raise ServeError(
+                    ErrorKind.INVALID_INPUT,
+                    f"this looks like an image ({looks}); {self.name!r} is a text model and takes UTF-8 text",
+                )
             return text_item(data, prep, truncate)
         return image_item(data, prep, max_image_pixels, self.decode_budget)
 
