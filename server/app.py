@@ -50,10 +50,15 @@ def create_app(settings: Settings | None = None, models: list[ServedModel] | Non
         log.info("ready: %s; try them at %s/ui, API docs at %s/docs", ", ".join(sorted(loaded)), where, where)
         if failed:
             log.error("not serving (failed to load): %s", "; ".join(f"{n}: {r}" for n, r in sorted(failed.items())))
+        grpc_server = None
         try:
+            if settings.grpc_port:
+                grpc_server = await _start_grpc(app, state)
             yield
         finally:
             state.draining = True
+            if grpc_server is not None:  # in-flight calls finish first, like HTTP's drain
+                await grpc_server.stop(settings.graceful_timeout_s)
             for model in loaded.values():
                 await model.stop()
 
@@ -89,6 +94,15 @@ def create_app(settings: Settings | None = None, models: list[ServedModel] | Non
     app.add_middleware(ClientMiddleware, state=state)
     app.add_middleware(TimingMiddleware)
     return app
+
+
+async def _start_grpc(app: FastAPI, state: AppState) -> Any:
+    from server.grpc.service import build_server  # grpcio is an optional extra: imported only when asked for
+
+    server = build_server(state, app.state)
+    await server.start()
+    log.info("KServe v2 gRPC on %s:%d", state.settings.host, state.settings.grpc_port)
+    return server
 
 
 def error_response(

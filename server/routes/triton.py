@@ -139,6 +139,10 @@ async def _json_body(request: Request) -> dict[str, Any]:
 async def repository_index(request: Request, state: State) -> list[dict[str, Any]]:
     """Every model of the repository folder and every served one: READY, or UNAVAILABLE with the reason."""
     body = await _json_body(request)
+    return index(state, bool(body.get("ready", False)))
+
+
+def index(state: AppState, ready_only: bool) -> list[dict[str, Any]]:
     try:
         names = set(discover(state.settings.model_repository))
     except RepositoryError:
@@ -149,16 +153,18 @@ async def repository_index(request: Request, state: State) -> list[dict[str, Any
         model = state.registry.models.get(name)
         if model is not None:
             out.append({"name": name, "version": model.version, "state": "READY"})
-        elif not body.get("ready", False):
+        elif not ready_only:
             reason = state.registry.failed.get(name, _UNLOADED.format(name=name))
             out.append({"name": name, "state": "UNAVAILABLE", "reason": reason})
     return out
 
 
-def _control_lock(request: Request) -> asyncio.Lock:
-    lock = getattr(request.app.state, "lara_model_control", None)
-    if lock is None:  # one lock per app: loads and unloads of a server never interleave
-        lock = request.app.state.lara_model_control = asyncio.Lock()
+def control_lock(app_state: Any) -> asyncio.Lock:
+    """One lock per app (its Starlette `app.state`): loads and unloads never interleave, whichever protocol
+    (HTTP here, gRPC in server.grpc) asks."""
+    lock = getattr(app_state, "lara_model_control", None)
+    if lock is None:
+        lock = app_state.lara_model_control = asyncio.Lock()
     return lock
 
 
@@ -173,13 +179,18 @@ def _check_control(state: AppState) -> None:
 @router.post("/v2/repository/models/{name}/load")
 async def load_model(name: str, request: Request, state: State) -> JSONResponse:
     """Load (or reload) a model from the repository folder; the old instance serves until the new one is ready."""
-    _check_control(state)
     params = (await _json_body(request)).get("parameters") or {}
+    await load(name, params, state, control_lock(request.app.state))
+    return JSONResponse({})
+
+
+async def load(name: str, params: Any, state: AppState, lock: asyncio.Lock) -> None:
+    _check_control(state)
     if not isinstance(params, dict) or any(k == "config" or k.startswith("file:") for k in params):
         raise invalid("load takes no config override or files: the model's config.json in the repository is used")
     if not state.started or state.draining:
         state.model(name)  # 503 with the reason: the server is loading or draining
-    async with _control_lock(request):
+    async with lock:
         try:
             discover(state.settings.model_repository, [name])
         except RepositoryError as exc:
@@ -200,7 +211,6 @@ async def load_model(name: str, request: Request, state: State) -> JSONResponse:
         state.metrics.model_ready.labels(name).set(1)
         if old is not None:
             await _retire(old, state)
-    return JSONResponse({})
 
 
 @router.post("/v2/repository/models/{name}/unload")
@@ -208,16 +218,21 @@ async def unload_model(name: str, request: Request, state: State) -> JSONRespons
     """Stop serving a model: new requests get 503 at once; queued work finishes (up to graceful_timeout_s)."""
     _check_control(state)
     await _json_body(request)  # parameters.unload_dependents: there are no dependents (no ensembles)
-    async with _control_lock(request):
+    await unload(name, state, control_lock(request.app.state))
+    return JSONResponse({})
+
+
+async def unload(name: str, state: AppState, lock: asyncio.Lock) -> None:
+    _check_control(state)
+    async with lock:
         model = state.registry.models.pop(name, None)
         if model is None:
             if name in state.registry.failed:
-                return JSONResponse({})  # already not serving
+                return  # already not serving
             raise not_found(f"unknown model {name!r}; served: {sorted(state.registry.models)}")
         state.registry.failed[name] = _UNLOADED.format(name=name)
         state.metrics.model_ready.labels(name).set(0)
         await _retire(model, state)
-    return JSONResponse({})
 
 
 async def _retire(model: ServedModel, state: AppState) -> None:
