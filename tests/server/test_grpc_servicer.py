@@ -85,3 +85,17 @@ async def test_cancelled_call_drops_its_items(make_settings: Callable[..., Setti
         )
         assert dropped == 5
         assert state.metrics.statistics.snapshot(TEXT).inference_count == 0
+
+
+def test_preflight_names_a_busy_grpc_port(make_settings: Callable[..., Settings]) -> None:
+    import socket
+
+    from server.preflight import preflight
+    from server.testing import free_port
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        problem = preflight(make_settings(port=free_port(), grpc_port=taken))
+    assert problem is not None and "--grpc-port" in problem
