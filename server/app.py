@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.errors import HTTP_STATUS, ErrorKind, ServeError, clean_message, kind_for_status, too_large
 from server.models import ServedModel, load_repository
-from server.routes import docs, explain, info, triton, ui, v1, v2
+from server.routes import compat, docs, explain, info, triton, ui, v1, v2
 from server.routes.common import AppState, ClientWatch, client_watch
 from server.schemas import V1ExplainRequest, V1PredictRequest, V2InferRequest
 from server.settings import Settings
@@ -46,13 +46,19 @@ def create_app(settings: Settings | None = None, models: list[ServedModel] | Non
             model.decode_budget = state.decode_budget
             model.batcher.start()
         state.started = True  # only now: every usable model is loaded and checked
-        log.info("ready: %s", ", ".join(sorted(loaded)))
+        where = f"http://{settings.host}:{settings.port}"
+        log.info("ready: %s; try them at %s/ui, API docs at %s/docs", ", ".join(sorted(loaded)), where, where)
         if failed:
             log.error("not serving (failed to load): %s", "; ".join(f"{n}: {r}" for n, r in sorted(failed.items())))
+        grpc_server = None
         try:
+            if settings.grpc_port:
+                grpc_server = await _start_grpc(app, state)
             yield
         finally:
             state.draining = True
+            if grpc_server is not None:  # in-flight calls finish first, like HTTP's drain
+                await grpc_server.stop(settings.graceful_timeout_s)
             for model in loaded.values():
                 await model.stop()
 
@@ -72,6 +78,8 @@ def create_app(settings: Settings | None = None, models: list[ServedModel] | Non
     app.include_router(explain.router)
     app.include_router(info.router)
     app.include_router(ui.router)
+    app.include_router(compat.public)  # TEI's and TorchServe's health, GET / -> /ui
+    app.include_router(compat.router)
     docs.install(app)
     state.metrics.track_models(lambda: info.served_models(state))
 
@@ -86,6 +94,15 @@ def create_app(settings: Settings | None = None, models: list[ServedModel] | Non
     app.add_middleware(ClientMiddleware, state=state)
     app.add_middleware(TimingMiddleware)
     return app
+
+
+async def _start_grpc(app: FastAPI, state: AppState) -> Any:
+    from server.grpc.service import build_server  # grpcio is an optional extra: imported only when asked for
+
+    server = build_server(state, app.state)
+    await server.start()
+    log.info("KServe v2 gRPC on %s:%d", state.settings.host, state.settings.grpc_port)
+    return server
 
 
 def error_response(

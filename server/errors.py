@@ -43,6 +43,24 @@ HTTP_STATUS: dict[ErrorKind, int] = {
     ErrorKind.TIMEOUT: 504,
 }
 
+# The same kinds on gRPC (names of grpc.StatusCode: this module must not import grpc, an optional extra).
+# Retryable kinds (queue full, not ready) are UNAVAILABLE, which gRPC clients retry by convention.
+GRPC_STATUS: dict[ErrorKind, str] = {
+    ErrorKind.MALFORMED: "INVALID_ARGUMENT",
+    ErrorKind.UNAUTHENTICATED: "UNAUTHENTICATED",
+    ErrorKind.REQUEST_TIMEOUT: "DEADLINE_EXCEEDED",
+    ErrorKind.NOT_FOUND: "NOT_FOUND",
+    ErrorKind.METHOD_NOT_ALLOWED: "UNIMPLEMENTED",
+    ErrorKind.TOO_LARGE: "RESOURCE_EXHAUSTED",
+    ErrorKind.UNSUPPORTED_MEDIA_TYPE: "INVALID_ARGUMENT",
+    ErrorKind.INVALID_INPUT: "INVALID_ARGUMENT",
+    ErrorKind.QUEUE_FULL: "UNAVAILABLE",
+    ErrorKind.CLIENT_CLOSED: "CANCELLED",
+    ErrorKind.BACKEND_FAILURE: "INTERNAL",
+    ErrorKind.NOT_READY: "UNAVAILABLE",
+    ErrorKind.TIMEOUT: "DEADLINE_EXCEEDED",
+}
+
 
 # Pillow and the stdlib put object reprs in messages ("<_io.BytesIO object at 0x7f...>"): they say nothing
 # to a client and leak addresses, so error bodies replace them.

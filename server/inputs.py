@@ -54,6 +54,26 @@ def sniff(data: bytes) -> str | None:
     return "text/plain"
 
 
+# The first base64 characters of each signature above (BMP's "Qk" is left out: too many texts start so).
+_B64_IMAGE_STARTS = (b"iVBORw0KGgo", b"/9j/", b"R0lGOD", b"UklGR")
+
+
+def image_for_text_model(data: bytes) -> str | None:
+    """What a text model was sent if it is an image: "image/png" for a PNG file, "base64 image/png" for
+    its base64 text (a v2 `raw` string without parameters.content_type); None for anything else."""
+    kind = sniff(data[:16])
+    if kind is not None and kind.startswith("image/") and kind != "image/bmp":
+        return kind
+    if data.startswith(_B64_IMAGE_STARTS) and len(data) >= 64 and b" " not in data[:256]:
+        try:
+            head = base64.b64decode(data[:64], validate=True)
+        except (binascii.Error, ValueError):
+            return None
+        kind = sniff(head)
+        return f"base64 {kind}" if kind is not None and kind.startswith("image/") else None
+    return None
+
+
 def to_utf8(data: bytes, charset: str | None) -> bytes:
     """Text in a declared charset -> UTF-8 bytes (the unit the text models count and were trained on)."""
     if not charset:

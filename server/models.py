@@ -64,6 +64,11 @@ class ServedModel:
     def version(self) -> str:
         return self.config.version
 
+    @property
+    def platform(self) -> str:
+        """Triton's platform name, the same in v2 metadata, model config and gRPC (clients match on it)."""
+        return "onnxruntime_onnx" if self.backend.name == "onnxruntime" else "pytorch_libtorch"
+
     def _run_batch(self, items: list[Item]) -> list[Scored]:
         """Worker thread: pad, run, softmax; one Scored (probabilities [n_labels], ood_score) per item."""
         outputs = run_outputs(self.backend, collate(items, self.config))
@@ -99,6 +104,15 @@ class ServedModel:
     def item_from_bytes(self, data: bytes, truncate: str | None, max_image_pixels: int) -> Item:
         prep = self.config.preprocessing
         if isinstance(prep, TextPreprocessing):
+            # Imported here: server.inputs imports the model card, which imports this module.
+            from server.inputs import image_for_text_model
+
+            looks = image_for_text_model(data)
+            if looks is not None:  # a clearer answer than "not UTF-8 ... 0x89" or a 413 on the base64
+                raise ServeError(
+                    ErrorKind.INVALID_INPUT,
+                    f"this looks like an image ({looks}); {self.name!r} is a text model and takes UTF-8 text",
+                )
             return text_item(data, prep, truncate)
         return image_item(data, prep, max_image_pixels, self.decode_budget)
 
@@ -145,7 +159,7 @@ class ServedModel:
         return {
             "name": self.name,
             "versions": [self.version],
-            "platform": f"lara_{self.backend.name}",
+            "platform": self.platform,
             "inputs": [raw, *(spec.model_dump() for spec in self.config.inputs)],
             "outputs": [
                 {"name": "probabilities", "datatype": "FP32", "shape": [-1, len(self.config.labels)]},

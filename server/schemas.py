@@ -120,9 +120,22 @@ class V1PredictResponse(BaseModel):
     predictions: list[Prediction]
 
 
-class ClassifyResponse(Prediction):
+class ClassifiedFile(Prediction):
+    filename: str | None = Field(None, description="The multipart part's filename; null for a raw body")
+
+
+class ClassifyResponse(BaseModel):
+    """:classify: `predictions` always (one per file); with one file, its fields also at the top level."""
+
     model_name: str
     model_version: str
+    label: str | None = None
+    score: float | None = None
+    top_k: list[LabelScore] | None = None
+    truncated: bool | None = None
+    ood_score: float | None = None
+    in_distribution: bool | None = None
+    predictions: list[ClassifiedFile]
 
 
 MAX_PASSAGES_RANGE = (2, 64)  # what an :explain request may ask for (server.explain)

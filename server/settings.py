@@ -171,6 +171,25 @@ class Settings(BaseSettings):
         description="If set, Prometheus metrics are also served on this port of the same host, without the "
         "key (Triton's --metrics-port): a scraper needs no access to the inference port. 0: off.",
     )
+    grpc_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="If set, KServe v2 gRPC (Triton's GRPCInferenceService) on this port of the same host, "
+        "beside HTTP, through the same batcher and limits (Triton uses 8001). 0: off, so the lean install "
+        "needs no grpcio; the `grpc` extra installs it.",
+    )
+    grpc_max_message_bytes: int = Field(
+        16 * 1024 * 1024,
+        ge=1024,
+        description="Largest gRPC message, each way; larger requests get RESOURCE_EXHAUSTED (the gRPC twin of "
+        "max_body_bytes).",
+    )
+    tei_model: str | None = Field(
+        None,
+        description="Model that TEI's POST /predict serves when the request names none (?model=). Unset: the "
+        "only text model, if exactly one is served.",
+    )
 
     @field_validator("models", mode="before")
     @classmethod
@@ -219,6 +238,8 @@ class Settings(BaseSettings):
             )
         if self.metrics_port and self.metrics_port == self.port:
             raise ValueError(f"metrics_port ({self.metrics_port}) must differ from port ({self.port})")
+        if self.grpc_port and self.grpc_port in (self.port, self.metrics_port):
+            raise ValueError(f"grpc_port ({self.grpc_port}) must differ from port and metrics_port")
         if self.max_decode_pixels < self.max_image_pixels:
             raise ValueError(
                 f"max_decode_pixels ({self.max_decode_pixels}) must be >= max_image_pixels "

@@ -80,6 +80,28 @@ def decode_request(body: bytes, header_length: int | None) -> DecodedRequest:
     return DecodedRequest(request, tensors)
 
 
+def tensor_from_bytes(name: str, datatype: str, shape: list[int], data: bytes) -> np.ndarray:
+    """One tensor in the binary extension's layout (also gRPC's raw_input_contents, the same layout)."""
+    return _from_binary(name, datatype, shape, data)
+
+
+def tensor_from_values(name: str, datatype: str, shape: list[int], values: list[Any]) -> np.ndarray:
+    """One tensor from a flat list of values (JSON `data`, or gRPC's typed contents)."""
+    if datatype == "BYTES":
+        count = _check_shape(name, shape)
+        if len(values) != count:
+            raise invalid(f"input {name!r}: shape {shape} needs {count} elements, data has {len(values)}")
+        array = np.empty(count, dtype=object)
+        array[:] = [bytes(v) for v in values]
+        return array.reshape(shape)
+    return _from_json(name, datatype, shape, values)
+
+
+def tensor_bytes(datatype: str, array: np.ndarray) -> bytes:
+    """A tensor in the binary extension's layout (gRPC's raw_output_contents too)."""
+    return _binary_bytes(datatype, array)
+
+
 def _check_shape(name: str, shape: list[int]) -> int:
     if any(d < 0 for d in shape):
         raise invalid(f"input {name!r}: shape {shape} has a negative dimension")

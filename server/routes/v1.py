@@ -75,7 +75,10 @@ async def predict(
     with track(state, name):
         model = state.model(name)
         expected = "body must be {'instances': [...], 'parameters': {...}}"
-        body = parse_body(V1PredictRequest, await request.body(), expected)
+        raw_body = await request.body()
+        if raw_body.lstrip()[:1] not in (b"{", b"["):  # a file or plain text: that is what :classify takes
+            expected += f"; to send a raw text or image file as the body, POST it to /v1/models/{name}:classify"
+        body = parse_body(V1PredictRequest, raw_body, expected)
         if len(body.instances) > settings.max_queue_size:
             raise ServeError(
                 ErrorKind.TOO_LARGE,
@@ -123,8 +126,8 @@ async def classify(
     """The body is one image (image/png, ...) or one text (text/plain; any charset is decoded), raw bytes
     (application/octet-stream: the kind is sniffed), or a multipart/form-data upload (`curl -F file=@a.png`).
 
-    One file: the prediction with model_name and model_version. Several files (multipart): `predictions`,
-    one per file in upload order, each with its `filename`."""
+    Always `predictions`: one per file in upload order, each with its `filename` (null for a raw body).
+    One file: its prediction's fields also at the top level (label, score, top_k, ...), as before."""
     settings = state.settings
     with track(state, name):
         model = state.model(name)
@@ -142,13 +145,11 @@ async def classify(
             prediction.truncated = item.truncated
         state.metrics.observe_items(model.name, [i.length for i in items], [r.queue_s + r.inference_s for r in results])
         head = {"model_name": model.name, "model_version": model.version}
-        if len(preds) == 1:
-            body: dict[str, Any] = ClassifyResponse(**head, **preds[0].model_dump()).model_dump()
-        else:
-            body = {
-                **head,
-                "predictions": [{"filename": f, **p.model_dump()} for (f, _), p in zip(named, preds, strict=True)],
-            }
+        # `predictions` is there for one file as for several, so a client reads one shape; one file also
+        # keeps its fields at the top level, as before, so older clients keep working.
+        files = [{"filename": f, **p.model_dump()} for (f, _), p in zip(named, preds, strict=True)]
+        top = preds[0].model_dump() if len(preds) == 1 else {}
+        body: dict[str, Any] = {**head, **top, "predictions": files}
         return JSONResponse(body, headers=timing_headers(state, name, results))
 
 
