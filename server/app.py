@@ -18,7 +18,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.errors import HTTP_STATUS, ErrorKind, ServeError, clean_message, kind_for_status, too_large
+from server.errors import (
+    HTTP_STATUS,
+    ErrorKind,
+    ServeError,
+    clean_message,
+    hide_paths_under,
+    kind_for_status,
+    too_large,
+)
 from server.models import ServedModel, load_repository
 from server.routes import docs, info, triton, ui, v1, v2
 from server.routes.common import AppState, ClientWatch, client_watch
@@ -32,6 +40,8 @@ def create_app(settings: Settings | None = None, models: list[ServedModel] | Non
     """Build the app. `models` (tests, embedding) replaces loading from settings.model_repository."""
     settings = settings or Settings()
     state = AppState(settings)
+    for root in {settings.model_repository.absolute(), settings.model_repository.resolve()}:
+        hide_paths_under(str(root))  # error bodies name model files relative to the repository
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -95,6 +95,12 @@ class Metrics:
             ["phase"],
             registry=r,
         )
+        self.nonfinite_outputs = Counter(
+            "lara_nonfinite_outputs",
+            "Items whose model output held NaN or Inf (answered 500, never as a result)",
+            ["model"],
+            registry=r,
+        )
         self.in_flight = Gauge("lara_requests_in_flight", "Inference requests being served now", registry=r)
         self.draining = Gauge("lara_draining", "1 while the server drains after SIGTERM/SIGINT", registry=r)
         self.input_length = Histogram(
@@ -157,6 +163,9 @@ class ModelObserver:
 
     def items_orphaned(self, count: int) -> None:
         self._metrics.items_orphaned.labels(self._model).inc(count)
+
+    def nonfinite_outputs(self, count: int) -> None:
+        self._metrics.nonfinite_outputs.labels(self._model).inc(count)
 
 
 def server_version() -> str:
