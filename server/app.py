@@ -105,8 +105,10 @@ def error_response(
         headers["Retry-After"] = str(retry_after_s)
     if kind is ErrorKind.UNAUTHENTICATED:
         headers["WWW-Authenticate"] = 'Bearer realm="lara-serve"'
-    if kind is ErrorKind.REQUEST_TIMEOUT:
-        headers["Connection"] = "close"  # the rest of a slow body would be read as the next request
+    if kind is ErrorKind.REQUEST_TIMEOUT or HTTP_STATUS[kind] >= 500:
+        # 408: the rest of a slow body would be read as the next request. 5xx: uvicorn closes the
+        # connection after an unexpected error, and a client must not send its next request into that.
+        headers["Connection"] = "close"
     return JSONResponse({"error": clean_message(message)}, status_code=HTTP_STATUS[kind], headers=headers)
 
 

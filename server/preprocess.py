@@ -166,6 +166,12 @@ class DecodeBudget:
             _MALLOC_TRIM(0)
 
 
+# The fewest bytes a JPEG of W x H pixels can have: 1/8 bit per 8x8 block, 16x below the smallest real
+# one measured (a uniform progressive JPEG, 2 bits per block). libjpeg fills missing scan data with grey
+# and Pillow cannot tell, so a cut file that still ends in an EOI marker would otherwise be classified.
+_JPEG_MIN_BYTES_PER_PIXEL = 1 / 4096
+
+
 def image_item(data: bytes, prep: ImagePreprocessing, max_pixels: int, budget: DecodeBudget | None = None) -> Item:
     """Encoded image -> grayscale, bilinear resize, [0, 1], (x - mean) / std as [1, H, W] float32."""
     try:
@@ -175,6 +181,9 @@ def image_item(data: bytes, prep: ImagePreprocessing, max_pixels: int, budget: D
             width, height = image.size  # read from the header: nothing decoded yet
             if width * height > max_pixels:
                 raise too_large(f"image has {width}x{height} pixels; at most {max_pixels} are allowed")
+            if image.format == "JPEG" and len(data) < width * height * _JPEG_MIN_BYTES_PER_PIXEL:
+                size = f"{width}x{height}"
+                raise invalid(f"the JPEG has {len(data)} bytes, too few for {size} pixels: it is truncated")
             held = budget.acquire(width * height) if budget is not None else 0
             try:
                 image = image.convert("L").resize((prep.width, prep.height), Image.Resampling.BILINEAR)
@@ -183,9 +192,13 @@ def image_item(data: bytes, prep: ImagePreprocessing, max_pixels: int, budget: D
                     budget.release(held)
     except ServeError:
         raise
+    except (Image.DecompressionBombWarning, Image.DecompressionBombError):
+        raise too_large(f"the image declares more pixels than allowed (at most {max_pixels})") from None
     except Image.UnidentifiedImageError:
         raise invalid(f"cannot decode the data as an image; send one of {', '.join(IMAGE_FORMATS)}") from None
     except Exception as exc:  # Pillow raises many types for corrupt data; its messages may hold reprs
+        if "decompressed data too large" in str(exc).lower():  # a zlib bomb in PNG metadata chunks
+            raise too_large("the image's compressed metadata expands beyond Pillow's safety limit") from None
         raise invalid(
             f"cannot decode the image ({type(exc).__name__}); send a valid " + "/".join(IMAGE_FORMATS)
         ) from None
@@ -226,5 +239,6 @@ def collate(items: Sequence[Item], config: ModelConfig) -> dict[str, np.ndarray]
 def softmax(logits: np.ndarray) -> np.ndarray:
     """Row-wise softmax in float64, returned as float32: same logits row -> same bits, whatever B is."""
     z = logits.astype(np.float64)
-    z = np.exp(z - z.max(axis=-1, keepdims=True))
-    return (z / z.sum(axis=-1, keepdims=True)).astype(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):  # Inf logits give NaN rows, refused by ServedModel
+        z = np.exp(z - z.max(axis=-1, keepdims=True))
+        return (z / z.sum(axis=-1, keepdims=True)).astype(np.float32)

@@ -136,7 +136,13 @@ class Settings(BaseSettings):
     api_key: SecretStr | None = Field(
         None,
         description="If set, every route except health and docs needs `Authorization: Bearer <key>` "
-        "or `X-API-Key: <key>`.",
+        "or `X-API-Key: <key>`. A flag is visible to every user in `ps`: prefer the LARA_API_KEY "
+        "environment variable or --api-key-file.",
+    )
+    api_key_file: Path | None = Field(
+        None,
+        description="Read api_key from this file (first line; e.g. a mounted Kubernetes secret), so the key "
+        "is not on the command line. Exclusive with api_key.",
     )
     warmup: bool = Field(
         True,
@@ -164,6 +170,23 @@ class Settings(BaseSettings):
         description="If set, Prometheus metrics are also served on this port of the same host, without the "
         "key (Triton's --metrics-port): a scraper needs no access to the inference port. 0: off.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_api_key_file(cls, data: object) -> object:
+        if not isinstance(data, dict) or not data.get("api_key_file"):
+            return data
+        if data.get("api_key"):
+            raise ValueError("set api_key or api_key_file, not both")
+        path = Path(data["api_key_file"])
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"api_key_file {path.name!r} cannot be read ({type(exc).__name__})") from None
+        key = lines[0].strip() if lines else ""
+        if not key:
+            raise ValueError(f"api_key_file {path.name!r} is empty")
+        return {**data, "api_key": key}
 
     @field_validator("models", mode="before")
     @classmethod

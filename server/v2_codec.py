@@ -80,9 +80,17 @@ def decode_request(body: bytes, header_length: int | None) -> DecodedRequest:
     return DecodedRequest(request, tensors)
 
 
+# A dimension beyond this cannot be an array here (numpy refuses it even when another dimension is 0).
+MAX_DIMENSION = 2**31 - 1
+
+
 def _check_shape(name: str, shape: list[int]) -> int:
     if any(d < 0 for d in shape):
         raise invalid(f"input {name!r}: shape {shape} has a negative dimension")
+    if len(shape) > 32 or any(d > MAX_DIMENSION for d in shape):
+        raise malformed(
+            f"input {name!r}: shape {shape[:8]} is impossible: at most 32 dimensions of at most {MAX_DIMENSION}"
+        )
     return math.prod(shape)
 
 
