@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from server.body_gate import LargeBodyGate
 from server.errors import (
     HTTP_STATUS,
     ErrorKind,
@@ -90,7 +91,16 @@ def create_app(settings: Settings | None = None, models: list[ServedModel] | Non
 
     _add_error_handlers(app)
     _add_openapi_components(app)
-    # Outermost first at request time: timing sees everything, the body limit guards every route.
+    # Outermost first at request time: timing sees everything, the body limit guards every route, and
+    # large bodies within the limit wait for one of max_large_bodies slots.
+    app.add_middleware(
+        LargeBodyGate,
+        slots=settings.max_large_bodies,
+        threshold=settings.large_body_bytes,
+        wait_s=settings.large_body_wait_s,
+        refused=state.metrics.large_bodies_refused.inc,
+        respond=lambda e: error_response(e.kind, e.message, e.retry_after_s),
+    )
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(ClientMiddleware, state=state)
     app.add_middleware(TimingMiddleware)

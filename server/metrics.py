@@ -89,6 +89,11 @@ class Metrics:
         self.connections_refused = Counter(
             "lara_connections_refused", "Connections closed at once because max_connections were open", registry=r
         )
+        self.large_bodies_refused = Counter(
+            "lara_large_bodies_refused",
+            "Requests answered 503 because max_large_bodies requests with large bodies were in flight",
+            registry=r,
+        )
         self.client_timeouts = Counter(
             "lara_client_timeouts",
             "Connections closed because the client was too slow: phase header or body (408)",

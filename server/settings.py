@@ -127,6 +127,28 @@ class Settings(BaseSettings):
         description="Pixels (width x height) of images being decoded at once, over all requests; more "
         "wait. Bounds the memory a burst of large images can take; must be >= max_image_pixels.",
     )
+    max_decode_threads: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="Threads that decode images, over all requests; each request decodes one image at a time "
+        "and stops when its client leaves. More decode faster on many cores and take CPU from inference.",
+    )
+    max_large_bodies: int = Field(
+        8,
+        ge=1,
+        description="Requests with a body over large_body_bytes handled at once; more wait (unread) up to "
+        "large_body_wait_s, then get 503 with Retry-After. A large body costs a few times its size in memory while it is "
+        "parsed, so this bounds the memory of a burst: about max_large_bodies x 4 x max_body_bytes.",
+    )
+    large_body_bytes: int = Field(
+        1024 * 1024,
+        ge=1024,
+        description="Bodies over this size count against max_large_bodies and are parsed off the event loop.",
+    )
+    large_body_wait_s: float = Field(
+        5.0, ge=0.0, le=600.0, description="How long a large body waits for one of max_large_bodies slots."
+    )
     strict_models: bool = Field(
         False,
         description="true: any model that fails to load stops start-up (exit 1). false: it is reported "

@@ -36,7 +36,7 @@ class AppState:
     decode_budget: DecodeBudget = field(init=False)
 
     def __post_init__(self) -> None:
-        self.decode_budget = DecodeBudget(self.settings.max_decode_pixels)
+        self.decode_budget = DecodeBudget(self.settings.max_decode_pixels, self.settings.max_decode_threads)
 
     @property
     def ready(self) -> bool:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import numpy as np
@@ -16,7 +15,7 @@ from server.models import RAW_INPUT, ServedModel
 from server.preprocess import Item, image_items_from_tensors, text_items_from_tensors, truncation_side
 from server.routes.common import State, bool_param, require_api_key, timing_headers, track
 from server.routes.triton import EXTENSIONS, class_count, classification
-from server.schemas import ErrorBody, V2InferResponse
+from server.schemas import OFF_LOOP_BYTES, ErrorBody, V2InferResponse, run_parser
 from server.settings import Settings
 from server.v2_codec import (
     HEADER_LENGTH,
@@ -96,7 +95,11 @@ async def infer(name: str, request: Request, state: State, version: str | None =
     with track(state, name):
         model = state.model(name, version)
         body = await request.body()
-        decoded = decode_request(body, parse_header_length(request.headers.get(HEADER_LENGTH)))
+        header_length = parse_header_length(request.headers.get(HEADER_LENGTH))
+        if len(body) > OFF_LOOP_BYTES:  # a million JSON numbers take ~0.5 s to parse and check
+            decoded = await run_parser(decode_request, body, header_length)
+        else:
+            decoded = decode_request(body, header_length)
         params = decoded.request.parameters
         tensors = _base64_inputs(decoded)
         items = await _items(model, tensors, truncation_side(params.get("truncate")), settings)
@@ -164,11 +167,7 @@ async def _items(model: ServedModel, tensors: list[Tensor], truncate: str | None
         elements = list(raw.array.reshape(-1))
         _check_count(len(elements), settings)
 
-        def convert() -> list[Item]:
-            return [model.item_from_bytes(e, truncate, settings.max_image_pixels) for e in elements]
-
-        # Image decoding is CPU work: keep it off the event loop.
-        return await asyncio.to_thread(convert) if model.config.task == "image" else convert()
+        return await model.items_from_bytes(elements, truncate, settings.max_image_pixels)  # off-loop if slow
 
     for tensor in tensors:
         if tensor.datatype != specs[tensor.name].datatype:
