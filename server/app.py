@@ -115,10 +115,8 @@ def error_response(
         headers["Retry-After"] = str(retry_after_s)
     if kind is ErrorKind.UNAUTHENTICATED:
         headers["WWW-Authenticate"] = 'Bearer realm="lara-serve"'
-    if kind is ErrorKind.REQUEST_TIMEOUT or HTTP_STATUS[kind] >= 500:
-        # 408: the rest of a slow body would be read as the next request. 5xx: uvicorn closes the
-        # connection after an unexpected error, and a client must not send its next request into that.
-        headers["Connection"] = "close"
+    if kind is ErrorKind.REQUEST_TIMEOUT:
+        headers["Connection"] = "close"  # the rest of a slow body would be read as the next request
     return JSONResponse({"error": clean_message(message)}, status_code=HTTP_STATUS[kind], headers=headers)
 
 
@@ -157,7 +155,10 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error on %s %s", request.method, request.url.path)
-        return error_response(ErrorKind.BACKEND_FAILURE, f"internal error: {type(exc).__name__}")
+        # Sent outside ClientMiddleware, and uvicorn drops the connection after it: say so.
+        return error_response(
+            ErrorKind.BACKEND_FAILURE, f"internal error: {type(exc).__name__}", headers={"Connection": "close"}
+        )
 
 
 def _add_openapi_components(app: FastAPI) -> None:
@@ -211,7 +212,11 @@ class ClientMiddleware:
     - a body that does not arrive within body_timeout_s is a 408 (not a connection held forever);
     - once the body is in, a watcher waits for the client to hang up and then cancels the request, so
       its queued items are dropped (server.batcher) instead of computed for nobody;
-    - while draining, responses carry `Connection: close` so keep-alive clients reconnect elsewhere.
+    - while draining, responses carry `Connection: close` so keep-alive clients reconnect elsewhere;
+    - a 5xx carries `Connection: close` once the request body is in (uvicorn drops the connection after an
+      unexpected error: the client must not send its next request into it). A 5xx answered before the
+      body arrived (e.g. 503 for a large body without a slot) keeps the connection until the client has
+      sent its body, so the client reads the answer instead of a reset (server.serving bounds that time).
     """
 
     def __init__(self, app: ASGIApp, state: AppState) -> None:
@@ -252,8 +257,10 @@ class ClientMiddleware:
 
         async def app_send(message: Message) -> None:
             nonlocal response_done
-            if message["type"] == "http.response.start" and self.state.draining:
-                message["headers"] = [*message.get("headers", []), (b"connection", b"close")]
+            if message["type"] == "http.response.start":
+                body_in = watcher is not None or not _has_body(scope)
+                if self.state.draining or (message["status"] >= 500 and body_in):
+                    message["headers"] = [*message.get("headers", []), (b"connection", b"close")]
             if message["type"] == "http.response.body" and not message.get("more_body", False):
                 response_done = True
             await send(message)
@@ -269,6 +276,11 @@ class ClientMiddleware:
             client_watch.reset(token)
             if watcher is not None:
                 watcher.cancel()
+
+
+def _has_body(scope: Scope) -> bool:
+    headers = dict(scope["headers"])
+    return headers.get(b"content-length", b"0") not in (b"0", b"") or b"transfer-encoding" in headers
 
 
 class TimingMiddleware:

@@ -4,6 +4,7 @@ A body over `threshold` bytes (declared by Content-Length, or counted while a ch
 a slot for the whole request: its bytes, the parsed JSON and the decoded text all live until the answer.
 Without a slot it waits, its body unread (TCP holds the client back), up to `wait_s`; then 503 with
 Retry-After. Small requests never wait, so health checks and short texts pass a burst of large ones.
+When the last large request of a burst is done, free memory is handed back to the OS.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.errors import ErrorKind, ServeError
+from server.preprocess import release_free_memory
 
 
 class LargeBodyGate:
@@ -30,11 +32,19 @@ class LargeBodyGate:
         self.app, self.threshold, self.wait_s = app, threshold, wait_s
         self.slots = slots
         self._free = asyncio.Semaphore(slots)
+        self._held = 0
         self._refused, self._respond = refused, respond
+
+    async def _release(self) -> None:
+        self._held -= 1
+        self._free.release()
+        if self._held == 0:  # the burst is over: give its buffers back (a C call that releases the GIL)
+            await asyncio.to_thread(release_free_memory)
 
     async def _acquire(self) -> None:
         try:
             await asyncio.wait_for(self._free.acquire(), timeout=self.wait_s)
+            self._held += 1
         except TimeoutError:
             self._refused()
             raise ServeError(
@@ -56,7 +66,7 @@ class LargeBodyGate:
             try:
                 return await self.app(scope, receive, send)
             finally:
-                self._free.release()
+                await self._release()
         held, seen = False, 0
 
         async def counted_receive() -> Message:  # chunked: take a slot once the body grows large
@@ -73,4 +83,4 @@ class LargeBodyGate:
             await self.app(scope, counted_receive, send)
         finally:
             if held:
-                self._free.release()
+                await self._release()

@@ -156,6 +156,12 @@ _MALLOC_TRIM = _malloc_trim()
 _TRIM_PIXELS = 1 << 20  # decodes this large leave buffers worth handing back to the OS
 
 
+def release_free_memory() -> None:
+    """Hand the allocator's free memory back to the OS (glibc malloc_trim; a no-op elsewhere)."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
+
 class DecodeBudget:
     """Pixels being decoded at once, over all threads. A decode waits until its pixels fit, so a burst of
     large images costs at most `capacity` pixels of decode buffers instead of one image per thread.

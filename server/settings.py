@@ -147,7 +147,11 @@ class Settings(BaseSettings):
         description="Bodies over this size count against max_large_bodies and are parsed off the event loop.",
     )
     large_body_wait_s: float = Field(
-        5.0, ge=0.0, le=600.0, description="How long a large body waits for one of max_large_bodies slots."
+        30.0,
+        ge=0.0,
+        le=600.0,
+        description="How long a large body waits (unread) for one of max_large_bodies slots before 503. "
+        "Longer queues a burst of uploads instead of refusing it; the memory bound holds either way.",
     )
     strict_models: bool = Field(
         False,

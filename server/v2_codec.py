@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from server.errors import invalid, malformed
-from server.schemas import V2InferRequest, parse_body
+from server.schemas import OFF_LOOP_BYTES, V2InferRequest, parse_body, run_parser
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 NUMERIC_DTYPES: dict[str, np.dtype] = {
@@ -82,6 +82,14 @@ def decode_request(body: bytes, header_length: int | None) -> DecodedRequest:
 
 # A dimension beyond this cannot be an array here (numpy refuses it even when another dimension is 0).
 MAX_DIMENSION = 2**31 - 1
+
+
+async def decode_request_off_loop(body: bytes, header_length: int | None) -> DecodedRequest:
+    """`decode_request`, in the parser thread for bodies over OFF_LOOP_BYTES (a million JSON numbers take
+    ~0.5 s to parse and check: the event loop must not wait for that)."""
+    if len(body) > OFF_LOOP_BYTES:
+        return await run_parser(decode_request, body, header_length)
+    return decode_request(body, header_length)
 
 
 def _check_shape(name: str, shape: list[int]) -> int:

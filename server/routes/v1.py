@@ -17,14 +17,7 @@ from server.model_card import ANY_TYPES, FORM_TYPES, IMAGE_TYPES, TEXT_TYPES, de
 from server.models import ServedModel
 from server.preprocess import Item, truncation_side
 from server.routes.common import State, predictions, require_api_key, timing_headers, track
-from server.schemas import (
-    B64Instance,
-    ClassifyResponse,
-    ErrorBody,
-    V1PredictRequest,
-    V1PredictResponse,
-    parse_large,
-)
+from server.schemas import B64Instance, ClassifyResponse, ErrorBody, V1PredictRequest, V1PredictResponse, parse_large
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody} for code in (400, 401, 404, 413, 415, 422, 429, 503, 504)

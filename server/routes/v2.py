@@ -15,13 +15,13 @@ from server.models import RAW_INPUT, ServedModel
 from server.preprocess import Item, image_items_from_tensors, text_items_from_tensors, truncation_side
 from server.routes.common import State, bool_param, require_api_key, timing_headers, track
 from server.routes.triton import EXTENSIONS, class_count, classification
-from server.schemas import OFF_LOOP_BYTES, ErrorBody, V2InferResponse, run_parser
+from server.schemas import ErrorBody, V2InferResponse
 from server.settings import Settings
 from server.v2_codec import (
     HEADER_LENGTH,
     DecodedRequest,
     Tensor,
-    decode_request,
+    decode_request_off_loop,
     encode_response,
     parse_header_length,
 )
@@ -95,11 +95,7 @@ async def infer(name: str, request: Request, state: State, version: str | None =
     with track(state, name):
         model = state.model(name, version)
         body = await request.body()
-        header_length = parse_header_length(request.headers.get(HEADER_LENGTH))
-        if len(body) > OFF_LOOP_BYTES:  # a million JSON numbers take ~0.5 s to parse and check
-            decoded = await run_parser(decode_request, body, header_length)
-        else:
-            decoded = decode_request(body, header_length)
+        decoded = await decode_request_off_loop(body, parse_header_length(request.headers.get(HEADER_LENGTH)))
         params = decoded.request.parameters
         tensors = _base64_inputs(decoded)
         items = await _items(model, tensors, truncation_side(params.get("truncate")), settings)
