@@ -35,6 +35,7 @@ from server.schemas import V1PredictRequest, V2InferRequest
 from server.settings import Settings
 
 log = logging.getLogger(__name__)
+SHUTDOWN_BATCH_GRACE_S = 2.0
 
 
 def create_app(settings: Settings | None = None, models: list[ServedModel] | None = None) -> FastAPI:
@@ -65,7 +66,9 @@ def create_app(settings: Settings | None = None, models: list[ServedModel] | Non
         finally:
             state.draining = True
             for model in loaded.values():
-                await model.stop()
+                # The drain (server.serving) already gave accepted work graceful_timeout_s: a batch still
+                # running gets a short grace, then its items are answered 503 (never left hanging).
+                await model.stop(grace_s=SHUTDOWN_BATCH_GRACE_S)
 
     app = FastAPI(
         title="LARA Serve",

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import io
 import json
+import random
 import struct
 import subprocess
 import sys
 import zlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -182,3 +184,41 @@ async def test_api_key_file_protects_the_routes(repo: Path, tmp_path: Path) -> N
         assert (await c.post(CLASSIFY, content=b"hi")).status_code == 401
         ok = await c.post(CLASSIFY, content=b"hi", headers={"x-api-key": "a-long-enough-key"})
         assert ok.status_code == 200
+
+
+def _random_v2(rng: random.Random) -> bytes:
+    """A v2 body of random tensors: odd shapes (huge, zero, negative), dtypes, values, parameters."""
+
+    def value() -> Any:
+        return rng.choice([rng.randint(-(2**70), 2**70), rng.random() * 10 ** rng.randint(0, 40), "s" * rng.randint(0, 5),
+                           None, True, [], {}, float("inf"), float("nan"), 1.5])  # fmt: skip
+
+    tensors = []
+    for _ in range(rng.randint(0, 3)):
+        tensor: dict[str, Any] = {
+            "name": rng.choice(["raw", "input_ids", "attention_mask", "pixel_values", "x"]),
+            "datatype": rng.choice(["BYTES", "INT64", "INT32", "FP32", "FP16", "BOOL", "UINT8", "nope"]),
+            "shape": [rng.choice([0, 1, 2, 28, -1, 2**31, 2**62, 2**64]) for _ in range(rng.randint(0, 4))],
+            "data": [value() for _ in range(rng.randint(0, 6))],
+        }
+        if rng.random() < 0.2:
+            tensor["parameters"] = {"binary_data_size": rng.choice([-1, 0, 4, 2**40, "x"]), "content_type": "base64"}
+        tensors.append(tensor)
+    body: dict[str, Any] = {"inputs": tensors}
+    if rng.random() < 0.3:
+        body["parameters"] = {"truncate": rng.choice([True, "tail", "x", 3])}
+    if rng.random() < 0.2:
+        body["outputs"] = [{"name": "probabilities", "parameters": {"classification": rng.choice([0, 3, -1, 2**70])}}]
+    return json.dumps(body).encode()  # NaN and Infinity tokens included, as a careless client writes them
+
+
+async def test_random_v2_bodies_never_get_a_5xx(client: httpx.AsyncClient) -> None:
+    rng = random.Random(36)
+    failures = []
+    for _ in range(300):
+        path = rng.choice([f"/v2/models/{TEXT}/infer", f"/v2/models/{IMAGE}/infer"])
+        body = _random_v2(rng)
+        response = await client.post(path, content=body, headers={"content-type": "application/json"})
+        if response.status_code >= 500:
+            failures.append((body[:200], response.status_code, response.text[:200]))
+    assert not failures, failures[:3]
