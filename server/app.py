@@ -245,6 +245,7 @@ class ClientMiddleware:
             nonlocal watcher
             if watcher is not None:  # body already read: nothing more will come
                 return {"type": "http.disconnect"} if watch.disconnected else await receive()
+            self.state.uploading[task] = watch  # the drain's end answers unfinished uploads 503 (server.serving)
             try:
                 async with asyncio.timeout_at(body_deadline):
                     message = await receive()
@@ -254,6 +255,15 @@ class ClientMiddleware:
                     ErrorKind.REQUEST_TIMEOUT,
                     f"request body not received within body_timeout_s={self.state.settings.body_timeout_s:g}",
                 ) from None
+            except asyncio.CancelledError:
+                if not watch.shutdown or task.cancelling() != 1:
+                    raise
+                task.uncancel()  # ours: the server is going away before the body came
+                raise ServeError(
+                    ErrorKind.NOT_READY, "server shut down before the request body arrived; retry", retry_after_s=1
+                ) from None
+            finally:
+                self.state.uploading.pop(task, None)
             if message["type"] == "http.request" and not message.get("more_body", False):
                 watcher = loop.create_task(watch_disconnect(), name="lara-disconnect-watch")
             return message

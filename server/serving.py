@@ -240,6 +240,7 @@ class DrainingServer(uvicorn.Server):
         deadline = loop.time() + graceful_s
         while self.state.inflight and loop.time() < deadline and not self.should_exit:
             await asyncio.sleep(0.05)
+        self._end_uploads()
         if self.state.inflight:
             error = ServeError(
                 ErrorKind.NOT_READY, "server shut down before this request was computed", retry_after_s=1
@@ -251,6 +252,13 @@ class DrainingServer(uvicorn.Server):
                 await asyncio.sleep(0.05)
         log.info("drained; shutting down")
         self.should_exit = True
+
+    def _end_uploads(self) -> None:
+        """Requests still receiving their body when the grace period ends get 503 JSON now, instead of
+        uvicorn's plain-text 500 when it cancels them seconds later."""
+        for task, watch in list(self.state.uploading.items()):
+            watch.shutdown = True
+            task.cancel()
 
 
 def build_server(app: Any, state: AppState) -> DrainingServer:

@@ -4,7 +4,10 @@ connection cap a client reads a 503 with Retry-After instead of a reset. Bounded
 
 from __future__ import annotations
 
+import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +16,7 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 
-from server.testing import server_process
+from server.testing import free_port, server_process
 
 BODY_TIMEOUT_S = 1.5
 
@@ -103,3 +106,44 @@ def test_over_the_connection_cap_the_client_reads_a_503_with_retry_after(url: st
     metrics = httpx.get(f"{url}/metrics", timeout=5).text
     refused = next(line for line in metrics.splitlines() if line.startswith("lara_connections_refused_total"))
     assert float(refused.split()[-1]) >= 1
+
+
+def test_upload_in_progress_at_shutdown_gets_a_json_503_and_the_server_exits_soon(repo: Path) -> None:
+    port = free_port()
+    cmd = [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port), "--model-repository",
+           str(repo), "--no-warmup", "--graceful-timeout-s", "1"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, "server did not start"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        warm = httpx.post(f"http://127.0.0.1:{port}/v1/models/tiny-text:classify", content=b"warm", timeout=30)
+        assert warm.status_code == 200  # the first request imports what it needs: not part of the case
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(b"POST /v1/models/tiny-text:classify HTTP/1.1\r\nHost: t\r\nContent-Length: 100000\r\n\r\n")
+            sock.sendall(b"x" * 10)  # ... and the rest never comes
+            time.sleep(0.5)
+            start = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            sock.settimeout(10)
+            answer = sock.recv(65536)
+            answered_after = time.monotonic() - start
+            while b"}" not in answer and (chunk := sock.recv(65536)):  # the JSON body may come apart
+                answer += chunk
+        proc.wait(timeout=20)
+        exited_after = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503") and b"application/json" in head, answer[:300]
+    assert b"shut down before the request body arrived" in body
+    assert answered_after < 1 + 1.5  # graceful_timeout_s=1, then at once (was: uvicorn's plain-text 500)
+    assert exited_after < 1 + 5  # was graceful + ~11 s
