@@ -67,8 +67,32 @@ GRPC_STATUS: dict[ErrorKind, str] = {
 _OBJECT_REPR = re.compile(r"<[\w.]+ object at 0x[0-9a-fA-F]+>")
 
 
+# Absolute file paths (a model file that failed to parse, a library's source file) tell a client how the
+# host is laid out. Paths under a model repository keep their part inside it; others keep their last two
+# parts. Only paths under usual top-level folders are touched, so route paths ("/v2/models/x") stay.
+_ABS_PATH = re.compile(
+    r"(?<![\w.~/])/(?:tmp|home|root|usr|opt|var|work|srv|mnt|data|app|etc|lib|lib64|run|nix|Users|private|"
+    r"workspace|models?)(?:/[^\s/'\"<>:;,()]+)+"
+)
+_REPOSITORY_ROOTS: set[str] = set()
+
+
+def hide_paths_under(root: str) -> None:
+    """Paths under `root` (the model repository) show as <model_repository>/<rest> in error messages."""
+    _REPOSITORY_ROOTS.add(root.rstrip("/"))
+
+
+def _short_path(match: re.Match[str]) -> str:
+    path = match.group(0)
+    for root in sorted(_REPOSITORY_ROOTS, key=len, reverse=True):
+        if path == root or path.startswith(root + "/"):
+            return "<model_repository>" + path[len(root) :]
+    return ".../" + "/".join(path.rsplit("/", 2)[-2:])
+
+
 def clean_message(message: str) -> str:
-    return _OBJECT_REPR.sub("the data", message)
+    """An error text fit for a client: no object reprs (addresses), no absolute file paths."""
+    return _ABS_PATH.sub(_short_path, _OBJECT_REPR.sub("the data", message))
 
 
 def kind_for_status(status: int) -> ErrorKind:

@@ -74,22 +74,38 @@ def image_for_text_model(data: bytes) -> str | None:
     return None
 
 
+# Python codecs that decode bytes but are no character set: escape-sequence interpreters, IDN encodings,
+# and "undefined". Bytes-to-bytes codecs (base64, hex, zlib, rot13, ...) are refused by bytes.decode itself.
+_NOT_CHARSETS = frozenset({"undefined", "unicode-escape", "raw-unicode-escape", "idna", "punycode"})
+CHARSET_HINT = (
+    "send UTF-8, or text in a character set such as iso-8859-1, windows-1252, utf-16, shift_jis or gb18030 "
+    "(transforms such as base64, hex, rot13 or zlib are not character sets)"
+)
+
+
+def _not_a_charset(charset: str, why: str) -> ServeError:
+    return ServeError(ErrorKind.UNSUPPORTED_MEDIA_TYPE, f"charset {charset[:64]!r} {why}; {CHARSET_HINT}")
+
+
 def to_utf8(data: bytes, charset: str | None) -> bytes:
     """Text in a declared charset -> UTF-8 bytes (the unit the text models count and were trained on)."""
     if not charset:
         return data
     try:
         codec = codecs.lookup(charset).name
-    except LookupError:
-        raise ServeError(
-            ErrorKind.UNSUPPORTED_MEDIA_TYPE, f"unknown charset {charset!r}; send UTF-8 or a charset Python knows"
-        ) from None
+    except (LookupError, ValueError):  # ValueError: a name with NUL bytes
+        raise _not_a_charset(charset, "is unknown") from None
     if codec == _UTF8:
         return data
+    if codec in _NOT_CHARSETS:
+        raise _not_a_charset(charset, "is not a character set")
     try:
         return data.decode(codec).encode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise invalid(f"the text is not valid {charset} (byte {exc.start})") from None
+    except LookupError:  # a bytes-to-bytes or text-to-text codec: not a character set
+        raise _not_a_charset(charset, "is not a character set") from None
+    except UnicodeError as exc:
+        where = f" (byte {exc.start})" if isinstance(exc, UnicodeDecodeError) else ""
+        raise invalid(f"the text is not valid {charset[:64]}{where}") from None
 
 
 def model_bytes(task: str, model_name: str, data: bytes, content_type: str | None, what: str = "the body") -> bytes:

@@ -92,10 +92,21 @@ class Metrics:
         self.connections_refused = Counter(
             "lara_connections_refused", "Connections closed at once because max_connections were open", registry=r
         )
+        self.large_bodies_refused = Counter(
+            "lara_large_bodies_refused",
+            "Requests answered 503 because max_large_bodies requests with large bodies were in flight",
+            registry=r,
+        )
         self.client_timeouts = Counter(
             "lara_client_timeouts",
             "Connections closed because the client was too slow: phase header or body (408)",
             ["phase"],
+            registry=r,
+        )
+        self.nonfinite_outputs = Counter(
+            "lara_nonfinite_outputs",
+            "Items whose model output held NaN or Inf (answered 500, never as a result)",
+            ["model"],
             registry=r,
         )
         self.in_flight = Gauge("lara_requests_in_flight", "Inference requests being served now", registry=r)
@@ -161,6 +172,9 @@ class ModelObserver:
 
     def items_orphaned(self, count: int) -> None:
         self._metrics.items_orphaned.labels(self._model).inc(count)
+
+    def nonfinite_outputs(self, count: int) -> None:
+        self._metrics.nonfinite_outputs.labels(self._model).inc(count)
 
 
 def server_version() -> str:

@@ -33,10 +33,11 @@ class AppState:
     started: bool = False  # the lifespan loaded the models
     draining: bool = False  # SIGTERM/SIGINT: finish accepted work, take no new work
     inflight: int = 0  # inference requests inside `track`
+    uploading: dict[asyncio.Task[Any], ClientWatch] = field(default_factory=dict)  # waiting for body bytes
     decode_budget: DecodeBudget = field(init=False)
 
     def __post_init__(self) -> None:
-        self.decode_budget = DecodeBudget(self.settings.max_decode_pixels)
+        self.decode_budget = DecodeBudget(self.settings.max_decode_pixels, self.settings.max_decode_threads)
 
     @property
     def ready(self) -> bool:
@@ -60,6 +61,7 @@ class ClientWatch:
     """Per request, set by server.app's disconnect watcher: did the client hang up?"""
 
     disconnected: bool = False
+    shutdown: bool = False  # the drain ended while its body was still arriving (server.serving)
 
 
 client_watch: ContextVar[ClientWatch | None] = ContextVar("lara_client_watch", default=None)

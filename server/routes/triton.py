@@ -17,7 +17,7 @@ import numpy as np
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
-from server.errors import ErrorKind, ServeError, invalid, malformed, not_found
+from server.errors import ErrorKind, ServeError, clean_message, invalid, malformed, not_found
 from server.model_card import describe
 from server.models import RAW_INPUT, ServedModel, load_models
 from server.repository import RepositoryError, discover
@@ -199,7 +199,11 @@ async def load(name: str, params: Any, state: AppState, lock: asyncio.Lock) -> N
         try:
             new = (await asyncio.to_thread(load_models, settings, state.metrics))[name]
         except Exception as exc:
-            reason = " ".join(str(exc).split())[:500] or type(exc).__name__
+            reason = " ".join(clean_message(str(exc)).split())[:500] or type(exc).__name__
+            state.metrics.model_load_failures.labels(name).inc()
+            if name in state.registry.models:  # a failed reload: the old instance serves on, and says so
+                serving = state.registry.models[name].version
+                raise invalid(f"failed to reload {name!r} (version {serving} keeps serving): {reason}") from None
             state.registry.failed[name] = reason
             state.metrics.model_ready.labels(name).set(0)
             raise invalid(f"failed to load {name!r}: {reason}") from None
@@ -236,10 +240,12 @@ async def unload(name: str, state: AppState, lock: asyncio.Lock) -> None:
 
 
 async def _retire(model: ServedModel, state: AppState) -> None:
+    """Queued work finishes (up to graceful_timeout_s), then the model stops: what is still queued gets
+    503, the running batch is answered, and nothing blocks the event loop (server.batcher.Batcher.stop)."""
     deadline = time.monotonic() + state.settings.graceful_timeout_s
     while model.batcher.depth and time.monotonic() < deadline:
         await asyncio.sleep(0.01)
-    await model.stop()
+    await model.stop(grace_s=max(1.0, deadline - time.monotonic()))
 
 
 # -- classification extension (used by server.routes.v2) ----------------------------------------------------

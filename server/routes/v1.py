@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 from typing import Annotated, Any
@@ -18,7 +17,7 @@ from server.model_card import ANY_TYPES, FORM_TYPES, IMAGE_TYPES, TEXT_TYPES, de
 from server.models import ServedModel
 from server.preprocess import Item, truncation_side
 from server.routes.common import State, predictions, require_api_key, timing_headers, track
-from server.schemas import B64Instance, ClassifyResponse, ErrorBody, V1PredictRequest, V1PredictResponse, parse_body
+from server.schemas import B64Instance, ClassifyResponse, ErrorBody, V1PredictRequest, V1PredictResponse, parse_large
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody} for code in (400, 401, 404, 413, 415, 422, 429, 503, 504)
@@ -78,7 +77,7 @@ async def predict(
         raw_body = await request.body()
         if raw_body.lstrip()[:1] not in (b"{", b"["):  # a file or plain text: that is what :classify takes
             expected += f"; to send a raw text or image file as the body, POST it to /v1/models/{name}:classify"
-        body = parse_body(V1PredictRequest, raw_body, expected)
+        body = await parse_large(V1PredictRequest, raw_body, expected)
         if len(body.instances) > settings.max_queue_size:
             raise ServeError(
                 ErrorKind.TOO_LARGE,
@@ -194,11 +193,7 @@ def _instance_bytes(model: ServedModel, instance: str | B64Instance, index: int)
 
 
 async def _to_items(model: ServedModel, raw: list[bytes], truncate: str | None, max_pixels: int) -> list[Item]:
-    def convert() -> list[Item]:
-        return [model.item_from_bytes(data, truncate, max_pixels) for data in raw]
-
-    # Image decoding is CPU work: keep it off the event loop.
-    return await asyncio.to_thread(convert) if model.config.task == "image" else convert()
+    return await model.items_from_bytes(raw, truncate, max_pixels)  # off the event loop where it is slow
 
 
 def _short(exc: ValidationError) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +24,7 @@ from server.v2_codec import (
     HEADER_LENGTH,
     DecodedRequest,
     Tensor,
-    decode_request,
+    decode_request_off_loop,
     encode_response,
     parse_header_length,
 )
@@ -101,7 +100,7 @@ async def infer(name: str, request: Request, state: State, version: str | None =
     with track(state, name):
         model = state.model(name, version)
         body = await request.body()
-        decoded = decode_request(body, parse_header_length(request.headers.get(HEADER_LENGTH)))
+        decoded = await decode_request_off_loop(body, parse_header_length(request.headers.get(HEADER_LENGTH)))
         params = decoded.request.parameters
         answer = await run_infer(state, model, decoded, state.settings.request_timeout_s)
         selected = _select(answer.outputs, decoded, bool_param(params, "binary_data_output"), model)
@@ -229,11 +228,7 @@ async def _items(model: ServedModel, tensors: list[Tensor], truncate: str | None
         elements = list(raw.array.reshape(-1))
         _check_count(len(elements), settings)
 
-        def convert() -> list[Item]:
-            return [model.item_from_bytes(e, truncate, settings.max_image_pixels) for e in elements]
-
-        # Image decoding is CPU work: keep it off the event loop.
-        return await asyncio.to_thread(convert) if model.config.task == "image" else convert()
+        return await model.items_from_bytes(elements, truncate, settings.max_image_pixels)  # off-loop if slow
 
     for tensor in tensors:
         if tensor.datatype != specs[tensor.name].datatype:
