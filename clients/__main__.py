@@ -75,6 +75,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """`lara ...`; a reader that stops early (`lara info | head`) ends it quietly, as `cat` would."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # Point stdout at /dev/null so the interpreter's final flush does not raise a second time.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a writer killed by a closed pipe
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     if args.command == "loadtest":

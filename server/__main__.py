@@ -16,7 +16,7 @@ from server.settings import Settings
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m server",
+        prog="lara-serve",  # the installed command; `python -m server` takes the same flags
         description="LARA Serve. Every flag also reads from the environment as LARA_<NAME>.",
     )
     for name, field in Settings.model_fields.items():

@@ -18,20 +18,32 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.errors import HTTP_STATUS, ErrorKind, ServeError, clean_message, kind_for_status, too_large
+from server.body_gate import LargeBodyGate
+from server.errors import (
+    HTTP_STATUS,
+    ErrorKind,
+    ServeError,
+    clean_message,
+    hide_paths_under,
+    kind_for_status,
+    too_large,
+)
 from server.models import ServedModel, load_repository
-from server.routes import docs, explain, info, triton, ui, v1, v2
+from server.routes import compat, docs, explain, info, triton, ui, v1, v2
 from server.routes.common import AppState, ClientWatch, client_watch
 from server.schemas import V1ExplainRequest, V1PredictRequest, V2InferRequest
 from server.settings import Settings
 
 log = logging.getLogger(__name__)
+SHUTDOWN_BATCH_GRACE_S = 2.0
 
 
 def create_app(settings: Settings | None = None, models: list[ServedModel] | None = None) -> FastAPI:
     """Build the app. `models` (tests, embedding) replaces loading from settings.model_repository."""
     settings = settings or Settings()
     state = AppState(settings)
+    for root in {settings.model_repository.absolute(), settings.model_repository.resolve()}:
+        hide_paths_under(str(root))  # error bodies name model files relative to the repository
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -46,15 +58,23 @@ def create_app(settings: Settings | None = None, models: list[ServedModel] | Non
             model.decode_budget = state.decode_budget
             model.batcher.start()
         state.started = True  # only now: every usable model is loaded and checked
-        log.info("ready: %s", ", ".join(sorted(loaded)))
+        where = f"http://{settings.host}:{settings.port}"
+        log.info("ready: %s; try them at %s/ui, API docs at %s/docs", ", ".join(sorted(loaded)), where, where)
         if failed:
             log.error("not serving (failed to load): %s", "; ".join(f"{n}: {r}" for n, r in sorted(failed.items())))
+        grpc_server = None
         try:
+            if settings.grpc_port:
+                grpc_server = await _start_grpc(app, state)
             yield
         finally:
             state.draining = True
+            if grpc_server is not None:  # in-flight calls finish first, like HTTP's drain
+                await grpc_server.stop(settings.graceful_timeout_s)
             for model in loaded.values():
-                await model.stop()
+                # The drain (server.serving) already gave accepted work graceful_timeout_s: a batch still
+                # running gets a short grace, then its items are answered 503 (never left hanging).
+                await model.stop(grace_s=SHUTDOWN_BATCH_GRACE_S)
 
     app = FastAPI(
         title="LARA Serve",
@@ -72,6 +92,8 @@ def create_app(settings: Settings | None = None, models: list[ServedModel] | Non
     app.include_router(explain.router)
     app.include_router(info.router)
     app.include_router(ui.router)
+    app.include_router(compat.public)  # TEI's and TorchServe's health, GET / -> /ui
+    app.include_router(compat.router)
     docs.install(app)
     state.metrics.track_models(lambda: info.served_models(state))
 
@@ -81,11 +103,29 @@ def create_app(settings: Settings | None = None, models: list[ServedModel] | Non
 
     _add_error_handlers(app)
     _add_openapi_components(app)
-    # Outermost first at request time: timing sees everything, the body limit guards every route.
+    # Outermost first at request time: timing sees everything, the body limit guards every route, and
+    # large bodies within the limit wait for one of max_large_bodies slots.
+    app.add_middleware(
+        LargeBodyGate,
+        slots=settings.max_large_bodies,
+        threshold=settings.large_body_bytes,
+        wait_s=settings.large_body_wait_s,
+        refused=state.metrics.large_bodies_refused.inc,
+        respond=lambda e: error_response(e.kind, e.message, e.retry_after_s),
+    )
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(ClientMiddleware, state=state)
     app.add_middleware(TimingMiddleware)
     return app
+
+
+async def _start_grpc(app: FastAPI, state: AppState) -> Any:
+    from server.grpc.service import build_server  # grpcio is an optional extra: imported only when asked for
+
+    server = build_server(state, app.state)
+    await server.start()
+    log.info("KServe v2 gRPC on %s:%d", state.settings.host, state.settings.grpc_port)
+    return server
 
 
 def error_response(
@@ -136,7 +176,10 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error on %s %s", request.method, request.url.path)
-        return error_response(ErrorKind.BACKEND_FAILURE, f"internal error: {type(exc).__name__}")
+        # Sent outside ClientMiddleware, and uvicorn drops the connection after it: say so.
+        return error_response(
+            ErrorKind.BACKEND_FAILURE, f"internal error: {type(exc).__name__}", headers={"Connection": "close"}
+        )
 
 
 def _add_openapi_components(app: FastAPI) -> None:
@@ -190,7 +233,11 @@ class ClientMiddleware:
     - a body that does not arrive within body_timeout_s is a 408 (not a connection held forever);
     - once the body is in, a watcher waits for the client to hang up and then cancels the request, so
       its queued items are dropped (server.batcher) instead of computed for nobody;
-    - while draining, responses carry `Connection: close` so keep-alive clients reconnect elsewhere.
+    - while draining, responses carry `Connection: close` so keep-alive clients reconnect elsewhere;
+    - a 5xx carries `Connection: close` once the request body is in (uvicorn drops the connection after an
+      unexpected error: the client must not send its next request into it). A 5xx answered before the
+      body arrived (e.g. 503 for a large body without a slot) keeps the connection until the client has
+      sent its body, so the client reads the answer instead of a reset (server.serving bounds that time).
     """
 
     def __init__(self, app: ASGIApp, state: AppState) -> None:
@@ -216,6 +263,7 @@ class ClientMiddleware:
             nonlocal watcher
             if watcher is not None:  # body already read: nothing more will come
                 return {"type": "http.disconnect"} if watch.disconnected else await receive()
+            self.state.uploading[task] = watch  # the drain's end answers unfinished uploads 503 (server.serving)
             try:
                 async with asyncio.timeout_at(body_deadline):
                     message = await receive()
@@ -225,14 +273,25 @@ class ClientMiddleware:
                     ErrorKind.REQUEST_TIMEOUT,
                     f"request body not received within body_timeout_s={self.state.settings.body_timeout_s:g}",
                 ) from None
+            except asyncio.CancelledError:
+                if not watch.shutdown or task.cancelling() != 1:
+                    raise
+                task.uncancel()  # ours: the server is going away before the body came
+                raise ServeError(
+                    ErrorKind.NOT_READY, "server shut down before the request body arrived; retry", retry_after_s=1
+                ) from None
+            finally:
+                self.state.uploading.pop(task, None)
             if message["type"] == "http.request" and not message.get("more_body", False):
                 watcher = loop.create_task(watch_disconnect(), name="lara-disconnect-watch")
             return message
 
         async def app_send(message: Message) -> None:
             nonlocal response_done
-            if message["type"] == "http.response.start" and self.state.draining:
-                message["headers"] = [*message.get("headers", []), (b"connection", b"close")]
+            if message["type"] == "http.response.start":
+                body_in = watcher is not None or not _has_body(scope)
+                if self.state.draining or (message["status"] >= 500 and body_in):
+                    message["headers"] = [*message.get("headers", []), (b"connection", b"close")]
             if message["type"] == "http.response.body" and not message.get("more_body", False):
                 response_done = True
             await send(message)
@@ -248,6 +307,11 @@ class ClientMiddleware:
             client_watch.reset(token)
             if watcher is not None:
                 watcher.cancel()
+
+
+def _has_body(scope: Scope) -> bool:
+    headers = dict(scope["headers"])
+    return headers.get(b"content-length", b"0") not in (b"0", b"") or b"transfer-encoding" in headers
 
 
 class TimingMiddleware:

@@ -8,8 +8,12 @@ goes to padding. `run_batch` runs in a worker thread, so the event loop stays fr
 gets an answer: its result or the batch's error.
 
 Work for nobody is never started: an item whose future is done (its client left, its request timed out)
-is dropped from the queue, and an item with a deadline that the planned batch would overrun (estimated
-from the measured seconds per padded token) is answered with a timeout error before it is computed.
+is dropped from the queue, and an item with a deadline that it could not meet even running alone (by the
+recent batches measured in server.batch_cost) is answered with a timeout error before it is computed.
+
+Stopping (unload, reload, shutdown) answers every item: the batch being computed finishes and is answered
+(or, past a grace period, gets a 503), queued items get a 503, and the worker thread is shut down off the
+event loop.
 """
 
 from __future__ import annotations
@@ -21,10 +25,11 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
+from server.batch_cost import BatchCostModel
 from server.errors import ErrorKind, ServeError
 
 P = TypeVar("P")
@@ -101,8 +106,10 @@ class Batcher(Generic[P, R]):
         # One thread per model: batches of a model run one at a time, off the event loop.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"batch-{name}")
         self._batch_s = 0.0  # moving average of batch time, for Retry-After
-        self._s_per_token = 0.0  # moving average of batch time / padded tokens, for deadlines
+        self.cost = BatchCostModel()  # fixed + per-token batch time, for deadlines (server.batch_cost)
+        self._stopping = False
         self._running: set[int] = set()  # ids of the futures whose items are being computed now
+        self._job: Future[Sequence[R]] | None = None  # the batch in the worker thread, if any
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -110,14 +117,27 @@ class Batcher(Generic[P, R]):
         if self._worker is None:
             self._worker = asyncio.get_running_loop().create_task(self._loop(), name=f"batcher-{self.name}")
 
-    async def stop(self) -> None:
-        if self._worker is not None:
-            self._worker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._worker
-            self._worker = None
-        self.fail_queued(ServeError(ErrorKind.NOT_READY, "server is shutting down", retry_after_s=1))
-        self._executor.shutdown(wait=True)
+    async def stop(self, grace_s: float = 30.0) -> None:
+        """Stop serving, answering every item: new submits and queued items get 503; the batch being
+        computed finishes and is answered, or after `grace_s` its items get 503 too. Never blocks the loop."""
+        self._stopping = True
+        worker, self._worker = self._worker, None  # submit refuses from now on
+        finished = True
+        if worker is not None:
+            self._wakeup.set()
+            try:
+                await asyncio.wait_for(asyncio.shield(worker), timeout=grace_s)
+            except TimeoutError:
+                finished = False
+                worker.cancel()  # its running batch's items are answered 503 (_execute)
+                with contextlib.suppress(asyncio.CancelledError):
+                    await worker
+        self.fail_queued(ServeError(ErrorKind.NOT_READY, f"model {self.name!r} was stopped; retry", retry_after_s=1))
+        if finished:  # idle thread: returns at once, but off the loop all the same
+            await asyncio.to_thread(self._executor.shutdown, True)
+        else:  # a batch still computes past the grace period: do not wait for it
+            log.warning("batcher %s: stopped with a batch still running after %.1f s", self.name, grace_s)
+            self._executor.shutdown(wait=False)
 
     def fail_queued(self, error: ServeError) -> int:
         """Answer every queued (not yet running) item with `error`; returns how many there were."""
@@ -138,6 +158,11 @@ class Batcher(Generic[P, R]):
         """Is this item being computed now (no longer cancellable without wasting the work)?"""
         return id(future) in self._running
 
+    @property
+    def busy(self) -> bool:
+        """Is a batch still running in the worker thread (e.g. after `stop` gave up waiting for it)?"""
+        return self._job is not None and not self._job.done()
+
     # -- producer side -------------------------------------------------------------------------------
 
     def submit(
@@ -149,7 +174,8 @@ class Batcher(Generic[P, R]):
         a TIMEOUT error instead of being computed.
         """
         if self._worker is None:
-            raise ServeError(ErrorKind.NOT_READY, f"model {self.name!r} is not serving yet")
+            what = "was stopped (unloaded or shutting down)" if self._stopping else "is not serving yet"
+            raise ServeError(ErrorKind.NOT_READY, f"model {self.name!r} {what}; retry", retry_after_s=1)
         if len(self._queue) + len(items) > self.policy.max_queue_size:
             raise ServeError(
                 ErrorKind.QUEUE_FULL,
@@ -203,31 +229,40 @@ class Batcher(Generic[P, R]):
                 self._observer.items_dropped("cancelled", dropped)
 
     def _estimate_s(self, batch: Sequence[_Entry[P, R]]) -> float:
-        return self._s_per_token * max(e.length for e in batch) * len(batch)
+        return self.cost.estimate_s(max(e.length for e in batch) * len(batch))
+
+    def _late_reason(self, entry: _Entry[P, R], now: float, in_batch: bool) -> str | None:
+        """Why `entry` cannot be answered in time, or None. Only a deadline already passed, or a
+        measured lower bound of the entry's time ALONE beyond its deadline, refuses it: a batch that
+        would be too slow together is no reason (the item may still finish), nor is an extrapolation."""
+        if entry.deadline is None:
+            return None
+        waited = f"waited {now - entry.enqueued:.3f} s"
+        if entry.deadline <= now:
+            return f"request timed out in the queue before request_timeout_s ({waited})"
+        if not in_batch:
+            return None
+        alone = self.cost.lower_bound_s(entry.length, now)
+        if alone is None or now + alone <= entry.deadline:
+            return None
+        return (
+            f"request timed out: it could not have been answered before request_timeout_s ({waited}; "
+            f"{entry.length} tokens take at least ~{alone:.3f} s here even alone, by the batches measured "
+            f"recently, and {entry.deadline - now:.3f} s were left)"
+        )
 
     def _expire(self, batch: Sequence[_Entry[P, R]]) -> bool:
         """Answer TIMEOUT, uncomputed, to the entries (of the queue, or of `batch` if it ran now) that
-        would finish after their deadline. Returns whether any was expired."""
+        cannot be answered before their deadline. Returns whether any was expired."""
         now = time.perf_counter()
-        finish = now + self._estimate_s(batch)
         in_batch = set(map(id, batch))
-        late = [
-            e
-            for e in self._queue
-            if e.deadline is not None and (e.deadline <= now or (id(e) in in_batch and e.deadline < finish))
-        ]
+        reasons = {id(e): self._late_reason(e, now, id(e) in in_batch) for e in self._queue}
+        late = [e for e in self._queue if reasons[id(e)] is not None]
         if not late:
             return False
         for entry in late:
             if not entry.future.done():
-                entry.future.set_exception(
-                    ServeError(
-                        ErrorKind.TIMEOUT,
-                        "request timed out in the queue: it could not have been answered before "
-                        f"request_timeout_s (waited {now - entry.enqueued:.3f} s; the next batch takes "
-                        f"~{self._estimate_s(batch):.3f} s)",
-                    )
-                )
+                entry.future.set_exception(ServeError(ErrorKind.TIMEOUT, reasons[id(entry)] or ""))
         gone = set(map(id, late))
         self._queue = [e for e in self._queue if id(e) not in gone]
         self._report_depth()
@@ -235,8 +270,9 @@ class Batcher(Generic[P, R]):
             self._observer.items_dropped("deadline", len(late))
         return True
 
-    async def _next_batch(self) -> list[_Entry[P, R]]:
-        while True:
+    async def _next_batch(self) -> list[_Entry[P, R]] | None:
+        """The next batch to run, or None once the batcher is stopping."""
+        while not self._stopping:
             self._drop_done()
             if not self._queue:
                 self._wakeup.clear()
@@ -255,12 +291,15 @@ class Batcher(Generic[P, R]):
             self._wakeup.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wakeup.wait(), timeout=remaining)
+        return None
 
     # -- execution -----------------------------------------------------------------------------------
 
     async def _loop(self) -> None:
         while True:
             batch = await self._next_batch()
+            if batch is None:
+                return
             try:
                 await self._execute(batch)
             except asyncio.CancelledError:
@@ -277,11 +316,17 @@ class Batcher(Generic[P, R]):
         start = time.perf_counter()
         self._running = {id(e.future) for e in live}
         try:
-            results = await asyncio.get_running_loop().run_in_executor(
-                self._executor, self._run_batch, [e.payload for e in live]
-            )
+            self._job = self._executor.submit(self._run_batch, [e.payload for e in live])
+            results = await asyncio.wrap_future(self._job)
             if len(results) != len(live):
                 raise RuntimeError(f"run_batch returned {len(results)} results for {len(live)} items")
+        except asyncio.CancelledError:  # stopped past its grace period: the thread's result goes nowhere
+            self._running = set()
+            message = f"model {self.name!r} was stopped while computing this item; retry"
+            for entry in live:
+                if not entry.future.done():
+                    entry.future.set_exception(ServeError(ErrorKind.NOT_READY, message, retry_after_s=1))
+            raise
         except Exception as exc:
             self._running = set()
             log.warning("batcher %s: batch of %d failed: %r", self.name, len(live), exc)
@@ -293,7 +338,7 @@ class Batcher(Generic[P, R]):
         inference_s = time.perf_counter() - start
         padded = max(e.length for e in live) * len(live)
         self._batch_s = _ema(self._batch_s, inference_s)
-        self._s_per_token = _ema(self._s_per_token, inference_s / padded)
+        self.cost.observe(padded, inference_s)
         orphaned = sum(e.future.done() for e in live)  # their request went away while the batch ran
         if self._observer is not None:
             self._observer.batch_done(len(live), padded, inference_s)

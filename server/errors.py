@@ -43,14 +43,56 @@ HTTP_STATUS: dict[ErrorKind, int] = {
     ErrorKind.TIMEOUT: 504,
 }
 
+# The same kinds on gRPC (names of grpc.StatusCode: this module must not import grpc, an optional extra).
+# Retryable kinds (queue full, not ready) are UNAVAILABLE, which gRPC clients retry by convention.
+GRPC_STATUS: dict[ErrorKind, str] = {
+    ErrorKind.MALFORMED: "INVALID_ARGUMENT",
+    ErrorKind.UNAUTHENTICATED: "UNAUTHENTICATED",
+    ErrorKind.REQUEST_TIMEOUT: "DEADLINE_EXCEEDED",
+    ErrorKind.NOT_FOUND: "NOT_FOUND",
+    ErrorKind.METHOD_NOT_ALLOWED: "UNIMPLEMENTED",
+    ErrorKind.TOO_LARGE: "RESOURCE_EXHAUSTED",
+    ErrorKind.UNSUPPORTED_MEDIA_TYPE: "INVALID_ARGUMENT",
+    ErrorKind.INVALID_INPUT: "INVALID_ARGUMENT",
+    ErrorKind.QUEUE_FULL: "UNAVAILABLE",
+    ErrorKind.CLIENT_CLOSED: "CANCELLED",
+    ErrorKind.BACKEND_FAILURE: "INTERNAL",
+    ErrorKind.NOT_READY: "UNAVAILABLE",
+    ErrorKind.TIMEOUT: "DEADLINE_EXCEEDED",
+}
+
 
 # Pillow and the stdlib put object reprs in messages ("<_io.BytesIO object at 0x7f...>"): they say nothing
 # to a client and leak addresses, so error bodies replace them.
 _OBJECT_REPR = re.compile(r"<[\w.]+ object at 0x[0-9a-fA-F]+>")
 
 
+# Absolute file paths (a model file that failed to parse, a library's source file) tell a client how the
+# host is laid out. Paths under a model repository keep their part inside it; others keep their last two
+# parts. Only paths under usual top-level folders are touched, so route paths ("/v2/models/x") stay.
+_ABS_PATH = re.compile(
+    r"(?<![\w.~/])/(?:tmp|home|root|usr|opt|var|work|srv|mnt|data|app|etc|lib|lib64|run|nix|Users|private|"
+    r"workspace|models?)(?:/[^\s/'\"<>:;,()]+)+"
+)
+_REPOSITORY_ROOTS: set[str] = set()
+
+
+def hide_paths_under(root: str) -> None:
+    """Paths under `root` (the model repository) show as <model_repository>/<rest> in error messages."""
+    _REPOSITORY_ROOTS.add(root.rstrip("/"))
+
+
+def _short_path(match: re.Match[str]) -> str:
+    path = match.group(0)
+    for root in sorted(_REPOSITORY_ROOTS, key=len, reverse=True):
+        if path == root or path.startswith(root + "/"):
+            return "<model_repository>" + path[len(root) :]
+    return ".../" + "/".join(path.rsplit("/", 2)[-2:])
+
+
 def clean_message(message: str) -> str:
-    return _OBJECT_REPR.sub("the data", message)
+    """An error text fit for a client: no object reprs (addresses), no absolute file paths."""
+    return _ABS_PATH.sub(_short_path, _OBJECT_REPR.sub("the data", message))
 
 
 def kind_for_status(status: int) -> ErrorKind:

@@ -54,22 +54,58 @@ def sniff(data: bytes) -> str | None:
     return "text/plain"
 
 
+# The first base64 characters of each signature above (BMP's "Qk" is left out: too many texts start so).
+_B64_IMAGE_STARTS = (b"iVBORw0KGgo", b"/9j/", b"R0lGOD", b"UklGR")
+
+
+def image_for_text_model(data: bytes) -> str | None:
+    """What a text model was sent if it is an image: "image/png" for a PNG file, "base64 image/png" for
+    its base64 text (a v2 `raw` string without parameters.content_type); None for anything else."""
+    kind = sniff(data[:16])
+    if kind is not None and kind.startswith("image/") and kind != "image/bmp":
+        return kind
+    if data.startswith(_B64_IMAGE_STARTS) and len(data) >= 64 and b" " not in data[:256]:
+        try:
+            head = base64.b64decode(data[:64], validate=True)
+        except (binascii.Error, ValueError):
+            return None
+        kind = sniff(head)
+        return f"base64 {kind}" if kind is not None and kind.startswith("image/") else None
+    return None
+
+
+# Python codecs that decode bytes but are no character set: escape-sequence interpreters, IDN encodings,
+# and "undefined". Bytes-to-bytes codecs (base64, hex, zlib, rot13, ...) are refused by bytes.decode itself.
+_NOT_CHARSETS = frozenset({"undefined", "unicode-escape", "raw-unicode-escape", "idna", "punycode"})
+CHARSET_HINT = (
+    "send UTF-8, or text in a character set such as iso-8859-1, windows-1252, utf-16, shift_jis or gb18030 "
+    "(transforms such as base64, hex, rot13 or zlib are not character sets)"
+)
+
+
+def _not_a_charset(charset: str, why: str) -> ServeError:
+    return ServeError(ErrorKind.UNSUPPORTED_MEDIA_TYPE, f"charset {charset[:64]!r} {why}; {CHARSET_HINT}")
+
+
 def to_utf8(data: bytes, charset: str | None) -> bytes:
     """Text in a declared charset -> UTF-8 bytes (the unit the text models count and were trained on)."""
     if not charset:
         return data
     try:
         codec = codecs.lookup(charset).name
-    except LookupError:
-        raise ServeError(
-            ErrorKind.UNSUPPORTED_MEDIA_TYPE, f"unknown charset {charset!r}; send UTF-8 or a charset Python knows"
-        ) from None
+    except (LookupError, ValueError):  # ValueError: a name with NUL bytes
+        raise _not_a_charset(charset, "is unknown") from None
     if codec == _UTF8:
         return data
+    if codec in _NOT_CHARSETS:
+        raise _not_a_charset(charset, "is not a character set")
     try:
         return data.decode(codec).encode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise invalid(f"the text is not valid {charset} (byte {exc.start})") from None
+    except LookupError:  # a bytes-to-bytes or text-to-text codec: not a character set
+        raise _not_a_charset(charset, "is not a character set") from None
+    except UnicodeError as exc:
+        where = f" (byte {exc.start})" if isinstance(exc, UnicodeDecodeError) else ""
+        raise invalid(f"the text is not valid {charset[:64]}{where}") from None
 
 
 def model_bytes(task: str, model_name: str, data: bytes, content_type: str | None, what: str = "the body") -> bytes:

@@ -19,6 +19,8 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from server.statistics import Statistics
+
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 _SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 _TOKEN_BUCKETS = tuple(2**k for k in range(4, 21))
@@ -28,6 +30,7 @@ _LENGTH_BUCKETS = tuple(2**k for k in range(0, 17))
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self.statistics = Statistics()  # Triton's exact counts (statistics routes, gRPC)
         r = self.registry
         self.requests = Counter(
             "lara_requests",
@@ -89,10 +92,21 @@ class Metrics:
         self.connections_refused = Counter(
             "lara_connections_refused", "Connections closed at once because max_connections were open", registry=r
         )
+        self.large_bodies_refused = Counter(
+            "lara_large_bodies_refused",
+            "Requests answered 503 because max_large_bodies requests with large bodies were in flight",
+            registry=r,
+        )
         self.client_timeouts = Counter(
             "lara_client_timeouts",
             "Connections closed because the client was too slow: phase header or body (408)",
             ["phase"],
+            registry=r,
+        )
+        self.nonfinite_outputs = Counter(
+            "lara_nonfinite_outputs",
+            "Items whose model output held NaN or Inf (answered 500, never as a result)",
+            ["model"],
             registry=r,
         )
         self.in_flight = Gauge("lara_requests_in_flight", "Inference requests being served now", registry=r)
@@ -148,6 +162,7 @@ class ModelObserver:
         m.batch_size.labels(self._model).observe(size)
         m.batch_tokens.labels(self._model).observe(padded_tokens)
         m.inference_time.labels(self._model).observe(inference_s)
+        m.statistics.batch_done(self._model, size, inference_s)
 
     def queue_depth(self, depth: int) -> None:
         self._metrics.queue_depth.labels(self._model).set(depth)
@@ -157,6 +172,9 @@ class ModelObserver:
 
     def items_orphaned(self, count: int) -> None:
         self._metrics.items_orphaned.labels(self._model).inc(count)
+
+    def nonfinite_outputs(self, count: int) -> None:
+        self._metrics.nonfinite_outputs.labels(self._model).inc(count)
 
 
 def server_version() -> str:

@@ -34,6 +34,34 @@ def media_types(model: ServedModel) -> list[str]:
     return list(TEXT_TYPES if model.config.task == "text" else IMAGE_TYPES)
 
 
+def preprocessing(model: ServedModel) -> dict[str, Any]:
+    """The numbers a client needs to send the preprocessed tensors instead of `raw` and get the same answer.
+
+    Flat keys, so Triton's string-valued config parameters carry each one alone (`parameters.mean`).
+    """
+    prep = model.config.preprocessing
+    if isinstance(prep, TextPreprocessing):
+        return {
+            "preprocessing": f"input_ids = UTF-8 bytes + byte_offset, attention_mask = 1; pad with pad_id "
+            f"(mask 0); longer than max_length: 413 unless truncate= one of {list(TRUNCATION_SIDES)}",
+            "byte_offset": prep.byte_offset,
+            "pad_id": prep.pad_id,
+            "max_length": prep.max_length,
+            "truncation_sides": list(TRUNCATION_SIDES),
+        }
+    return {
+        "preprocessing": "pixel_values = (greyscale(image resized bilinear to image_size) * pixel_scale - mean) "
+        "/ std, float32 [batch, channels, height, width]",
+        "image_size": [prep.height, prep.width],
+        "channels": prep.channels,
+        "color_mode": "L",
+        "resize": "bilinear",
+        "pixel_scale": 1 / 255,
+        "mean": prep.mean,
+        "std": prep.std,
+    }
+
+
 def describe(model: ServedModel) -> dict[str, Any]:
     """The model card: JSON-ready, without anything secret or host-specific."""
     config = model.config
@@ -54,6 +82,7 @@ def describe(model: ServedModel) -> dict[str, Any]:
             **{spec.name: f"v2 {spec.datatype} {spec.shape}: preprocessed" for spec in config.inputs},
         },
     }
+    card.update(preprocessing(model))
     if isinstance(prep, TextPreprocessing):
         card["max_length"] = prep.max_length
         card["length_unit"] = "UTF-8 bytes"

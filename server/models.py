@@ -16,8 +16,8 @@ from PIL import Image
 
 from server.backends import Backend, ModelOutputs, create_backend, run_outputs
 from server.batcher import Batcher, BatchObserver, BatchPolicy, BatchResult
-from server.errors import ErrorKind, ServeError, not_found
-from server.metrics import Metrics
+from server.errors import ErrorKind, ServeError, clean_message, not_found
+from server.metrics import Metrics, ModelObserver
 from server.preprocess import TRUNCATION_SIDES, DecodeBudget, Item, collate, image_item, softmax, text_item
 from server.repository import (
     ImagePreprocessing,
@@ -55,6 +55,7 @@ class ServedModel:
         self.backend = backend
         self.batcher: Batcher[Item, Scored] = Batcher(config.name, self._run_batch, policy, observer)
         self.decode_budget: DecodeBudget | None = None  # shared by the app's models (server.app)
+        self.observer = observer
 
     @property
     def name(self) -> str:
@@ -63,6 +64,11 @@ class ServedModel:
     @property
     def version(self) -> str:
         return self.config.version
+
+    @property
+    def platform(self) -> str:
+        """Triton's platform name, the same in v2 metadata, model config and gRPC (clients match on it)."""
+        return "onnxruntime_onnx" if self.backend.name == "onnxruntime" else "pytorch_libtorch"
 
     def _run_batch(self, items: list[Item]) -> list[Scored]:
         """Worker thread: pad, run, softmax; one Scored (probabilities [n_labels], ood_score) per item."""
@@ -91,16 +97,60 @@ class ServedModel:
             _, pending = await asyncio.wait(futures, timeout=timeout_s, return_when=asyncio.FIRST_EXCEPTION)
             if pending and not all(self.batcher.running(f) for f in pending):
                 raise ServeError(ErrorKind.TIMEOUT, f"request waited longer than request_timeout_s={timeout_s:g} s")
-            return list(await asyncio.gather(*futures))
+            results = list(await asyncio.gather(*futures))
+            self._refuse_nonfinite(results)
+            return results
         finally:
             for future in futures:  # no-op for finished ones; the batcher skips the others
                 future.cancel()
 
+    def _refuse_nonfinite(self, results: Sequence[BatchResult[Any]]) -> None:
+        """NaN or Inf in an output is no answer (and no valid JSON): a 500 that says so, counted."""
+        bad = sum(not _all_finite(r.value) for r in results)
+        if not bad:
+            return
+        if isinstance(self.observer, ModelObserver):
+            self.observer.nonfinite_outputs(bad)
+        raise ServeError(
+            ErrorKind.BACKEND_FAILURE,
+            f"model {self.name!r} produced non-finite outputs (NaN or Inf) for {bad} of {len(results)} items; "
+            "no result is returned. Inputs far outside the training range (e.g. pixel_values of 1e38) cause this",
+        )
+
     def item_from_bytes(self, data: bytes, truncate: str | None, max_image_pixels: int) -> Item:
         prep = self.config.preprocessing
         if isinstance(prep, TextPreprocessing):
+            # Imported here: server.inputs imports the model card, which imports this module.
+            from server.inputs import image_for_text_model
+
+            looks = image_for_text_model(data)
+            if looks is not None:  # a clearer answer than "not UTF-8 ... 0x89" or a 413 on the base64
+                raise ServeError(
+                    ErrorKind.INVALID_INPUT,
+                    f"this looks like an image ({looks}); {self.name!r} is a text model and takes UTF-8 text",
+                )
             return text_item(data, prep, truncate)
         return image_item(data, prep, max_image_pixels, self.decode_budget)
+
+    async def items_from_bytes(
+        self, raw: Sequence[bytes], truncate: str | None, max_image_pixels: int, off_loop_bytes: int = 1 << 20
+    ) -> list[Item]:
+        """Uploads -> items, keeping the event loop free: images decode on the decode budget's threads, one
+        at a time per request, so a client that leaves stops its decoding at the next image and a request
+        of many files cannot queue ahead of everyone; texts over `off_loop_bytes` in all are checked in a
+        thread (UTF-8 validation of 16 MB takes tens of ms)."""
+        loop = asyncio.get_running_loop()
+        if self.config.task == "image":
+            executor = self.decode_budget.executor if self.decode_budget is not None else None
+            items = []
+            for data in raw:
+                items.append(
+                    await loop.run_in_executor(executor, self.item_from_bytes, data, truncate, max_image_pixels)
+                )
+            return items
+        if sum(map(len, raw)) > off_loop_bytes:
+            return await asyncio.to_thread(lambda: [self.item_from_bytes(d, truncate, max_image_pixels) for d in raw])
+        return [self.item_from_bytes(data, truncate, max_image_pixels) for data in raw]
 
     def check(self) -> None:
         """One smallest item through the whole path: the model must load, run, and answer one finite row
@@ -138,6 +188,14 @@ class ServedModel:
             ]
         else:
             items = [image_item(_blank_png(prep), prep, prep.width * prep.height)] * 2
+        # Each shape alone, timed: the batcher's deadline estimate starts from these (server.batch_cost).
+        times = []
+        for item in items:
+            start = time.perf_counter()
+            self._run_batch([item])
+            times.append(time.perf_counter() - start)
+            self.batcher.cost.observe(item.length, times[-1])
+        self.batcher.cost.set_floor(min(times))
         self._run_batch(items)
 
     def v2_metadata(self) -> dict[str, Any]:
@@ -145,7 +203,7 @@ class ServedModel:
         return {
             "name": self.name,
             "versions": [self.version],
-            "platform": f"lara_{self.backend.name}",
+            "platform": self.platform,
             "inputs": [raw, *(spec.model_dump() for spec in self.config.inputs)],
             "outputs": [
                 {"name": "probabilities", "datatype": "FP32", "shape": [-1, len(self.config.labels)]},
@@ -171,9 +229,25 @@ class ServedModel:
             out["truncation_sides"] = list(TRUNCATION_SIDES)
         return out
 
-    async def stop(self) -> None:
-        await self.batcher.stop()
-        self.backend.close()
+    async def stop(self, grace_s: float = 30.0) -> None:
+        """Every accepted item is answered (server.batcher.Batcher.stop); the backend is closed off the
+        event loop, and only once no batch runs on it."""
+        await self.batcher.stop(grace_s)
+        if not self.batcher.busy:
+            await asyncio.to_thread(self.backend.close)
+
+
+def _all_finite(value: Any) -> bool:
+    """Every number in an output (an array, or a tuple / dataclass / dict of arrays and numbers)."""
+    if isinstance(value, dict):
+        return all(_all_finite(v) for v in value.values())
+    if isinstance(value, tuple | list):
+        return all(_all_finite(v) for v in value)
+    if hasattr(value, "__dataclass_fields__"):
+        return all(_all_finite(getattr(value, f)) for f in value.__dataclass_fields__)
+    if isinstance(value, np.ndarray | float | np.floating):
+        return bool(np.isfinite(value).all())
+    return True  # labels, flags, ints
 
 
 def _check_finite(name: str, outputs: ModelOutputs) -> None:
@@ -284,5 +358,5 @@ def _load_one(name: str, model_dir: Path, settings: Settings, metrics: Metrics |
 
 def _reason(exc: BaseException) -> str:
     """One line for logs and the ready route: backends may raise multi-line errors."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    text = " ".join(clean_message(str(exc)).split()) or type(exc).__name__
     return f"{type(exc).__name__}: {text[:500]}"

@@ -16,10 +16,13 @@ from server.settings import Settings
 
 def preflight(settings: Settings) -> str | None:
     ports = [("port", settings.port)] + ([("metrics_port", settings.metrics_port)] if settings.metrics_port else [])
+    ports += [("grpc_port", settings.grpc_port)] if settings.grpc_port else []
     for what, port in ports:
         problem = port_problem(settings.host, port, what)
         if problem is not None:
             return problem
+    if settings.grpc_port and importlib.util.find_spec("grpc") is None:
+        return "grpc_port is set but grpcio is not installed: pip install 'lara-serve[grpc]' (or leave --grpc-port 0)"
     return device_problem(settings)
 
 

@@ -7,11 +7,13 @@ not depend on what it was batched with (the models mask padding).
 
 from __future__ import annotations
 
+import codecs
 import ctypes
 import io
 import threading
 import warnings
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -76,17 +78,33 @@ def cut(seq: np.ndarray, limit: int, side: str) -> np.ndarray:
 
 def text_item(data: bytes, prep: TextPreprocessing, truncate: str | None) -> Item:
     """UTF-8 bytes -> byte ids (+ byte_offset); longer than max_length is 413 unless truncation is asked."""
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise invalid(f"text must be UTF-8: {exc}") from None
+    _check_utf8(data)
     if not data:
         raise invalid("text must not be empty")
     if len(data) > prep.max_length and truncate is None:
         raise _too_long("text", len(data), prep.max_length)
-    ids = np.frombuffer(data, dtype=np.uint8).astype(np.int64) + prep.byte_offset  # [L]
-    kept = cut(ids, prep.max_length, truncate or "head")  # the byte model reads bytes: a cut mid-character is fine
-    return Item({IDS: kept, MASK: np.ones_like(kept)}, length=len(kept), truncated=len(kept) < len(ids))
+    # Cut the bytes, then widen: a 16 MB text costs max_length int64s, not 128 MB of them.
+    kept_bytes = cut(np.frombuffer(data, dtype=np.uint8), prep.max_length, truncate or "head")  # [L]
+    kept = kept_bytes.astype(np.int64) + prep.byte_offset  # the byte model reads bytes: a cut mid-character is fine
+    return Item({IDS: kept, MASK: np.ones_like(kept)}, length=len(kept), truncated=len(kept) < len(data))
+
+
+_UTF8_CHUNK = 1 << 20
+
+
+def _check_utf8(data: bytes) -> None:
+    """Valid UTF-8, checked a MiB at a time: a 16 MB text never becomes one (up to 64 MB) str."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    view = memoryview(data)
+    for start in range(0, len(data), _UTF8_CHUNK):
+        try:
+            decoder.decode(view[start : start + _UTF8_CHUNK], final=False)
+        except UnicodeDecodeError as exc:  # exc.start may count bytes held over from the last chunk
+            raise invalid(f"text must be UTF-8: {exc.reason} near byte {max(0, start + exc.start - 3)}") from None
+    try:
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        raise invalid("text must be UTF-8: it ends inside a multi-byte character") from None
 
 
 def text_items_from_tensors(tensors: dict[str, np.ndarray], config: ModelConfig, truncate: str | None) -> list[Item]:
@@ -138,18 +156,34 @@ _MALLOC_TRIM = _malloc_trim()
 _TRIM_PIXELS = 1 << 20  # decodes this large leave buffers worth handing back to the OS
 
 
+def release_free_memory() -> None:
+    """Hand the allocator's free memory back to the OS (glibc malloc_trim; a no-op elsewhere)."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
+
 class DecodeBudget:
     """Pixels being decoded at once, over all threads. A decode waits until its pixels fit, so a burst of
     large images costs at most `capacity` pixels of decode buffers instead of one image per thread.
+    Decodes run on `executor`, `threads` at most at once (ServedModel.items_from_bytes gives each request
+    one decode at a time, so a 150-file upload cannot queue ahead of everyone else).
 
     glibc keeps a freed decode buffer in the arena of the thread that decoded it, so without a trim each
     decoding thread would hold its largest image for good (measured: 32 concurrent 4096x4096 PNGs add
     ~480 MiB with or without the budget); after a large decode the budget hands free memory back."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, threads: int = 2) -> None:
         self.capacity = capacity
         self._in_use = 0
         self._free = threading.Condition()
+        self._threads = threads
+        self._executor: ThreadPoolExecutor | None = None
+
+    @property
+    def executor(self) -> ThreadPoolExecutor:
+        if self._executor is None:  # on first use: an app that never decodes an image starts no threads
+            self._executor = ThreadPoolExecutor(self._threads, thread_name_prefix="lara-decode")
+        return self._executor
 
     def acquire(self, pixels: int) -> int:
         pixels = min(pixels, self.capacity)  # one image larger than the budget runs alone
@@ -166,6 +200,12 @@ class DecodeBudget:
             _MALLOC_TRIM(0)
 
 
+# The fewest bytes a JPEG of W x H pixels can have: 1/8 bit per 8x8 block, 16x below the smallest real
+# one measured (a uniform progressive JPEG, 2 bits per block). libjpeg fills missing scan data with grey
+# and Pillow cannot tell, so a cut file that still ends in an EOI marker would otherwise be classified.
+_JPEG_MIN_BYTES_PER_PIXEL = 1 / 4096
+
+
 def image_item(data: bytes, prep: ImagePreprocessing, max_pixels: int, budget: DecodeBudget | None = None) -> Item:
     """Encoded image -> grayscale (or RGB), bilinear resize, [0, 1], (x - mean) / std as [C, H, W] float32."""
     try:
@@ -175,6 +215,9 @@ def image_item(data: bytes, prep: ImagePreprocessing, max_pixels: int, budget: D
             width, height = image.size  # read from the header: nothing decoded yet
             if width * height > max_pixels:
                 raise too_large(f"image has {width}x{height} pixels; at most {max_pixels} are allowed")
+            if image.format == "JPEG" and len(data) < width * height * _JPEG_MIN_BYTES_PER_PIXEL:
+                size = f"{width}x{height}"
+                raise invalid(f"the JPEG has {len(data)} bytes, too few for {size} pixels: it is truncated")
             held = budget.acquire(width * height) if budget is not None else 0
             try:
                 mode = "L" if prep.channels == 1 else "RGB"
@@ -184,9 +227,13 @@ def image_item(data: bytes, prep: ImagePreprocessing, max_pixels: int, budget: D
                     budget.release(held)
     except ServeError:
         raise
+    except (Image.DecompressionBombWarning, Image.DecompressionBombError):
+        raise too_large(f"the image declares more pixels than allowed (at most {max_pixels})") from None
     except Image.UnidentifiedImageError:
         raise invalid(f"cannot decode the data as an image; send one of {', '.join(IMAGE_FORMATS)}") from None
     except Exception as exc:  # Pillow raises many types for corrupt data; its messages may hold reprs
+        if "decompressed data too large" in str(exc).lower():  # a zlib bomb in PNG metadata chunks
+            raise too_large("the image's compressed metadata expands beyond Pillow's safety limit") from None
         raise invalid(
             f"cannot decode the image ({type(exc).__name__}); send a valid " + "/".join(IMAGE_FORMATS)
         ) from None
@@ -227,5 +274,6 @@ def collate(items: Sequence[Item], config: ModelConfig) -> dict[str, np.ndarray]
 def softmax(logits: np.ndarray) -> np.ndarray:
     """Row-wise softmax in float64, returned as float32: same logits row -> same bits, whatever B is."""
     z = logits.astype(np.float64)
-    z = np.exp(z - z.max(axis=-1, keepdims=True))
-    return (z / z.sum(axis=-1, keepdims=True)).astype(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):  # Inf logits give NaN rows, refused by ServedModel
+        z = np.exp(z - z.max(axis=-1, keepdims=True))
+        return (z / z.sum(axis=-1, keepdims=True)).astype(np.float32)

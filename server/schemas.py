@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator
@@ -9,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, 
 from server.errors import malformed
 
 B = TypeVar("B", bound=BaseModel)
+T = TypeVar("T")
 
 
 def parse_body(model: type[B], raw: bytes, expected: str) -> B:
@@ -22,6 +26,29 @@ def parse_body(model: type[B], raw: bytes, expected: str) -> B:
         return model.model_validate_json(raw)
     except ValidationError as exc:
         raise malformed(f"{expected}: {short_errors(exc)}") from None
+
+
+_parser: ThreadPoolExecutor | None = None
+# JSON bodies larger than this are parsed in the parser thread: 64 KB of numbers take ~10 ms to parse into
+# Python objects and check, 1 MB ~200 ms, which the event loop (health checks, small requests) must not wait.
+OFF_LOOP_BYTES = 64 * 1024
+
+
+async def run_parser(parse: Callable[..., T], *args: Any) -> T:
+    """Run a large body's parse off the event loop, in ONE thread for the whole process. A JSON parser
+    holds the GIL for the whole call (~0.1 s per 6 MB of numbers), so parallel parses would not be faster,
+    only longer for the event loop to wait: one at a time, the loop waits for at most one parse."""
+    global _parser
+    if _parser is None:
+        _parser = ThreadPoolExecutor(1, thread_name_prefix="lara-parse")
+    return await asyncio.get_running_loop().run_in_executor(_parser, parse, *args)
+
+
+async def parse_large(model: type[B], raw: bytes, expected: str) -> B:
+    """`parse_body`, in the parser thread for bodies over OFF_LOOP_BYTES, so the event loop stays free."""
+    if len(raw) > OFF_LOOP_BYTES:
+        return await run_parser(parse_body, model, raw, expected)
+    return parse_body(model, raw, expected)
 
 
 def short_errors(exc: ValidationError) -> str:
@@ -120,9 +147,22 @@ class V1PredictResponse(BaseModel):
     predictions: list[Prediction]
 
 
-class ClassifyResponse(Prediction):
+class ClassifiedFile(Prediction):
+    filename: str | None = Field(None, description="The multipart part's filename; null for a raw body")
+
+
+class ClassifyResponse(BaseModel):
+    """:classify: `predictions` always (one per file); with one file, its fields also at the top level."""
+
     model_name: str
     model_version: str
+    label: str | None = None
+    score: float | None = None
+    top_k: list[LabelScore] | None = None
+    truncated: bool | None = None
+    ood_score: float | None = None
+    in_distribution: bool | None = None
+    predictions: list[ClassifiedFile]
 
 
 MAX_PASSAGES_RANGE = (2, 64)  # what an :explain request may ask for (server.explain)

@@ -6,9 +6,13 @@ requests finish (up to graceful_timeout_s), then uvicorn closes the listener and
 when the time is up is answered 503 JSON, never left for uvicorn to cancel into a plain-text 500. A
 second SIGINT (Ctrl+C twice) exits at once; a second SIGTERM ends the drain early.
 
-Connections (h11, the protocol uvicorn uses here): beyond max_connections a new connection gets a 503
-and is closed; a client gets header_timeout_s to send a request's headers (from connecting, or from the
-previous response) and is closed after that, with a 408 if it had started sending.
+Connections (h11, the protocol uvicorn uses here): beyond max_connections a new connection's request
+head is read (for up to REFUSE_READ_S), answered 503 with Retry-After, and the connection closed once the
+client has it (closing with the request unread would reset it before the client reads the answer). A
+client gets header_timeout_s to send a request's headers (from connecting, or from the previous
+response) and is closed after that, with a 408 if it had started sending. A request answered before its
+body was read (404, 405, 413, 401, ...) may finish sending its body until body_timeout_s from its headers
+(so the client can read the answer); then the connection is closed, however slowly bytes still trickle.
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ SHUTDOWN_BACKSTOP_S = 5.0  # after the drain: responses still being written get 
 # or reused a keep-alive connection): closing at once would drop it unanswered, so it gets this long to
 # arrive and be answered with the drain's 503.
 IDLE_LINGER_S = 0.5
+REFUSE_READ_S = 1.0  # over the connection cap: time to read the request head before answering 503
+REFUSE_HEAD_BYTES = 16 * 1024  # ... and at most this much of it
+EARLY_LINGER_S = 0.5  # least time after an early answer for the client to read it before the close
 
 
 def fit_connections(requested: int, backlog: int = 2048) -> tuple[int, int]:
@@ -75,38 +82,64 @@ def raw_response(status: int, message: str, extra: dict[str, str] | None = None)
 def guarded_protocol(state: AppState, max_connections: int) -> type[H11Protocol]:
     """uvicorn's h11 protocol with a connection cap and a header timeout (counted in state.metrics)."""
     header_timeout_s = state.settings.header_timeout_s
+    body_timeout_s = state.settings.body_timeout_s
     metrics = state.metrics
 
     class GuardedH11Protocol(H11Protocol):
-        _refused = False
+        _refused: _Refusal | None = None
         _header_timer: asyncio.TimerHandle | None = None
+        _body_deadline = 0.0  # loop time by which the current request's body must be in
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             if len(self.connections) >= max_connections:
-                self._refused = True
                 metrics.connections_refused.inc()
                 message = f"too many open connections (max_connections={max_connections}); retry"
-                transport.write(raw_response(503, message, {"retry-after": "1"}))
-                transport.close()
+                self._refused = _Refusal(transport, raw_response(503, message, {"retry-after": "1"}))
                 return
             super().connection_made(transport)
             self._arm_header_timer()
 
+        def data_received(self, data: bytes) -> None:
+            if self._refused is not None:
+                return self._refused.data_received(data)
+            super().data_received(data)
+
+        def eof_received(self) -> bool | None:  # type: ignore[override]
+            if self._refused is not None:
+                return self._refused.eof_received()
+            return super().eof_received()  # type: ignore[func-returns-value]
+
         def connection_lost(self, exc: Exception | None) -> None:
-            if self._refused:
-                return
+            if self._refused is not None:
+                return self._refused.connection_lost()
             self._disarm_header_timer()
             super().connection_lost(exc)
 
         def handle_events(self) -> None:
+            before = self.conn.their_state
             super().handle_events()
             if self.conn.their_state is not h11.IDLE:  # the request line and headers are in
                 self._disarm_header_timer()
+                if before is h11.IDLE:
+                    self._body_deadline = self.loop.time() + body_timeout_s
+            elif self._header_timer is None and (self.cycle is None or self.cycle.response_complete):
+                self._arm_header_timer()  # the body of an early-answered request ended: the next one's clock
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
-            if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
+            if self.transport.is_closing():
+                return
+            if self.conn.their_state is h11.IDLE:
                 self._arm_header_timer()  # the next request's headers get the same time
+            elif self.conn.their_state is h11.SEND_BODY:  # answered before the body was read
+                delay = max(EARLY_LINGER_S, self._body_deadline - self.loop.time())
+                self.loop.call_later(delay, self._close_unfinished, self.cycle)
+
+        def _close_unfinished(self, cycle: object) -> None:
+            """The body of an answered request still trickles in past body_timeout_s: close."""
+            if self.cycle is cycle and not self.transport.is_closing() and self.conn.their_state is h11.SEND_BODY:
+                metrics.client_timeouts.labels("body").inc()
+                self.transport.close()
 
         def shutdown(self) -> None:
             if self.cycle is None or self.cycle.response_complete:
@@ -141,6 +174,42 @@ def guarded_protocol(state: AppState, max_connections: int) -> type[H11Protocol]
     return GuardedH11Protocol
 
 
+class _Refusal:
+    """A connection over the cap: read the request head (bounded in time and bytes), answer 503, send FIN,
+    and close when the client closes or soon after, so the answer is read instead of reset."""
+
+    def __init__(self, transport: asyncio.Transport, response: bytes) -> None:
+        self.transport, self.response = transport, response
+        self.head = b""
+        self.answered = False
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(REFUSE_READ_S, self.answer)
+
+    def data_received(self, data: bytes) -> None:
+        if self.answered:
+            return  # the rest of the request: read and dropped, so closing does not reset the connection
+        self.head = (self.head + data)[-REFUSE_HEAD_BYTES:]
+        if b"\r\n\r\n" in self.head or len(self.head) >= REFUSE_HEAD_BYTES:
+            self.answer()
+
+    def answer(self) -> None:
+        if self.answered or self.transport.is_closing():
+            return
+        self.answered = True
+        self._timer.cancel()
+        self.transport.write(self.response)
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self._timer = asyncio.get_running_loop().call_later(EARLY_LINGER_S, self.transport.close)
+
+    def eof_received(self) -> bool:
+        self.answer()
+        return True  # keep the transport open until the answer is written; the timer closes it
+
+    def connection_lost(self) -> None:
+        self._timer.cancel()
+
+
 class DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, state: AppState) -> None:
         super().__init__(config)
@@ -171,6 +240,7 @@ class DrainingServer(uvicorn.Server):
         deadline = loop.time() + graceful_s
         while self.state.inflight and loop.time() < deadline and not self.should_exit:
             await asyncio.sleep(0.05)
+        self._end_uploads()
         if self.state.inflight:
             error = ServeError(
                 ErrorKind.NOT_READY, "server shut down before this request was computed", retry_after_s=1
@@ -182,6 +252,13 @@ class DrainingServer(uvicorn.Server):
                 await asyncio.sleep(0.05)
         log.info("drained; shutting down")
         self.should_exit = True
+
+    def _end_uploads(self) -> None:
+        """Requests still receiving their body when the grace period ends get 503 JSON now, instead of
+        uvicorn's plain-text 500 when it cancels them seconds later."""
+        for task, watch in list(self.state.uploading.items()):
+            watch.shutdown = True
+            task.cancel()
 
 
 def build_server(app: Any, state: AppState) -> DrainingServer:

@@ -134,6 +134,32 @@ class Settings(BaseSettings):
         description="Pixels (width x height) of images being decoded at once, over all requests; more "
         "wait. Bounds the memory a burst of large images can take; must be >= max_image_pixels.",
     )
+    max_decode_threads: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="Threads that decode images, over all requests; each request decodes one image at a time "
+        "and stops when its client leaves. More decode faster on many cores and take CPU from inference.",
+    )
+    max_large_bodies: int = Field(
+        8,
+        ge=1,
+        description="Requests with a body over large_body_bytes handled at once; more wait (unread) up to "
+        "large_body_wait_s, then get 503 with Retry-After. A large body costs a few times its size in memory while it is "
+        "parsed, so this bounds the memory of a burst: about max_large_bodies x 4 x max_body_bytes.",
+    )
+    large_body_bytes: int = Field(
+        1024 * 1024,
+        ge=1024,
+        description="Bodies over this size count against max_large_bodies and are parsed off the event loop.",
+    )
+    large_body_wait_s: float = Field(
+        30.0,
+        ge=0.0,
+        le=600.0,
+        description="How long a large body waits (unread) for one of max_large_bodies slots before 503. "
+        "Longer queues a burst of uploads instead of refusing it; the memory bound holds either way.",
+    )
     strict_models: bool = Field(
         False,
         description="true: any model that fails to load stops start-up (exit 1). false: it is reported "
@@ -143,7 +169,13 @@ class Settings(BaseSettings):
     api_key: SecretStr | None = Field(
         None,
         description="If set, every route except health and docs needs `Authorization: Bearer <key>` "
-        "or `X-API-Key: <key>`.",
+        "or `X-API-Key: <key>`. A flag is visible to every user in `ps`: prefer the LARA_API_KEY "
+        "environment variable or --api-key-file.",
+    )
+    api_key_file: Path | None = Field(
+        None,
+        description="Read api_key from this file (first line; e.g. a mounted Kubernetes secret), so the key "
+        "is not on the command line. Exclusive with api_key.",
     )
     warmup: bool = Field(
         True,
@@ -171,6 +203,42 @@ class Settings(BaseSettings):
         description="If set, Prometheus metrics are also served on this port of the same host, without the "
         "key (Triton's --metrics-port): a scraper needs no access to the inference port. 0: off.",
     )
+    grpc_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="If set, KServe v2 gRPC (Triton's GRPCInferenceService) on this port of the same host, "
+        "beside HTTP, through the same batcher and limits (Triton uses 8001). 0: off, so the lean install "
+        "needs no grpcio; the `grpc` extra installs it.",
+    )
+    grpc_max_message_bytes: int = Field(
+        16 * 1024 * 1024,
+        ge=1024,
+        description="Largest gRPC message, each way; larger requests get RESOURCE_EXHAUSTED (the gRPC twin of "
+        "max_body_bytes).",
+    )
+    tei_model: str | None = Field(
+        None,
+        description="Model that TEI's POST /predict serves when the request names none (?model=). Unset: the "
+        "only text model, if exactly one is served.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_api_key_file(cls, data: object) -> object:
+        if not isinstance(data, dict) or not data.get("api_key_file"):
+            return data
+        if data.get("api_key"):
+            raise ValueError("set api_key or api_key_file, not both")
+        path = Path(data["api_key_file"])
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"api_key_file {path.name!r} cannot be read ({type(exc).__name__})") from None
+        key = lines[0].strip() if lines else ""
+        if not key:
+            raise ValueError(f"api_key_file {path.name!r} is empty")
+        return {**data, "api_key": key}
 
     @field_validator("models", mode="before")
     @classmethod
@@ -219,6 +287,8 @@ class Settings(BaseSettings):
             )
         if self.metrics_port and self.metrics_port == self.port:
             raise ValueError(f"metrics_port ({self.metrics_port}) must differ from port ({self.port})")
+        if self.grpc_port and self.grpc_port in (self.port, self.metrics_port):
+            raise ValueError(f"grpc_port ({self.grpc_port}) must differ from port and metrics_port")
         if self.max_decode_pixels < self.max_image_pixels:
             raise ValueError(
                 f"max_decode_pixels ({self.max_decode_pixels}) must be >= max_image_pixels "

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from server.errors import invalid, malformed
-from server.schemas import V2InferRequest, parse_body
+from server.schemas import OFF_LOOP_BYTES, V2InferRequest, parse_body, run_parser
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 NUMERIC_DTYPES: dict[str, np.dtype] = {
@@ -80,9 +80,47 @@ def decode_request(body: bytes, header_length: int | None) -> DecodedRequest:
     return DecodedRequest(request, tensors)
 
 
+def tensor_from_bytes(name: str, datatype: str, shape: list[int], data: bytes) -> np.ndarray:
+    """One tensor in the binary extension's layout (also gRPC's raw_input_contents, the same layout)."""
+    return _from_binary(name, datatype, shape, data)
+
+
+def tensor_from_values(name: str, datatype: str, shape: list[int], values: list[Any]) -> np.ndarray:
+    """One tensor from a flat list of values (JSON `data`, or gRPC's typed contents)."""
+    if datatype == "BYTES":
+        count = _check_shape(name, shape)
+        if len(values) != count:
+            raise invalid(f"input {name!r}: shape {shape} needs {count} elements, data has {len(values)}")
+        array = np.empty(count, dtype=object)
+        array[:] = [bytes(v) for v in values]
+        return array.reshape(shape)
+    return _from_json(name, datatype, shape, values)
+
+
+def tensor_bytes(datatype: str, array: np.ndarray) -> bytes:
+    """A tensor in the binary extension's layout (gRPC's raw_output_contents too)."""
+    return _binary_bytes(datatype, array)
+
+
+# A dimension beyond this cannot be an array here (numpy refuses it even when another dimension is 0).
+MAX_DIMENSION = 2**31 - 1
+
+
+async def decode_request_off_loop(body: bytes, header_length: int | None) -> DecodedRequest:
+    """`decode_request`, in the parser thread for bodies over OFF_LOOP_BYTES (a million JSON numbers take
+    ~0.5 s to parse and check: the event loop must not wait for that)."""
+    if len(body) > OFF_LOOP_BYTES:
+        return await run_parser(decode_request, body, header_length)
+    return decode_request(body, header_length)
+
+
 def _check_shape(name: str, shape: list[int]) -> int:
     if any(d < 0 for d in shape):
         raise invalid(f"input {name!r}: shape {shape} has a negative dimension")
+    if len(shape) > 32 or any(d > MAX_DIMENSION for d in shape):
+        raise malformed(
+            f"input {name!r}: shape {shape[:8]} is impossible: at most 32 dimensions of at most {MAX_DIMENSION}"
+        )
     return math.prod(shape)
 
 

@@ -27,7 +27,7 @@ class Target:
     model: str
     task: str  # "text" or "image", from the server's model metadata
     label: str
-    backend: str | None = None  # the server's v2 "platform" (lara_onnxruntime, lara_torch)
+    backend: str | None = None  # the server's v2 "platform" (onnxruntime_onnx, pytorch_libtorch: Triton's names)
 
 
 def percentile(values: list[float], q: float) -> float | None:

@@ -33,10 +33,11 @@ class AppState:
     started: bool = False  # the lifespan loaded the models
     draining: bool = False  # SIGTERM/SIGINT: finish accepted work, take no new work
     inflight: int = 0  # inference requests inside `track`
+    uploading: dict[asyncio.Task[Any], ClientWatch] = field(default_factory=dict)  # waiting for body bytes
     decode_budget: DecodeBudget = field(init=False)
 
     def __post_init__(self) -> None:
-        self.decode_budget = DecodeBudget(self.settings.max_decode_pixels)
+        self.decode_budget = DecodeBudget(self.settings.max_decode_pixels, self.settings.max_decode_threads)
 
     @property
     def ready(self) -> bool:
@@ -60,9 +61,12 @@ class ClientWatch:
     """Per request, set by server.app's disconnect watcher: did the client hang up?"""
 
     disconnected: bool = False
+    shutdown: bool = False  # the drain ended while its body was still arriving (server.serving)
 
 
 client_watch: ContextVar[ClientWatch | None] = ContextVar("lara_client_watch", default=None)
+# The current request's (queue_s, compute_s), set by timing_headers and read by track for the statistics.
+_request_times: ContextVar[tuple[float, float] | None] = ContextVar("lara_request_times", default=None)
 
 
 def get_state(request: Request) -> AppState:
@@ -93,6 +97,7 @@ def track(state: AppState, model: str) -> Iterator[None]:
     """Count the request by outcome and time it (metrics); the drain waits for `state.inflight` to be 0."""
     start = time.perf_counter()
     outcome = "ok"
+    times = _request_times.set(None)
     state.inflight += 1
     state.metrics.in_flight.inc()
     try:
@@ -119,8 +124,13 @@ def track(state: AppState, model: str) -> Iterator[None]:
         # Unknown names are user input: do not let them create unbounded label values.
         known = model in state.registry.models or model in state.registry.failed
         label = model if known else "_unknown"
+        wall_s = time.perf_counter() - start
         state.metrics.requests.labels(label, outcome).inc()
-        state.metrics.request_time.labels(label).observe(time.perf_counter() - start)
+        state.metrics.request_time.labels(label).observe(wall_s)
+        if known:
+            queue_s, compute_s = _request_times.get() or (0.0, 0.0)
+            state.metrics.statistics.request_done(model, outcome == "ok", wall_s, queue_s, compute_s)
+        _request_times.reset(times)
 
 
 def timing_headers(state: AppState, model: str, results: Sequence[BatchResult[Any]]) -> dict[str, str]:
@@ -128,6 +138,7 @@ def timing_headers(state: AppState, model: str, results: Sequence[BatchResult[An
     inference_s = max(r.inference_s for r in results)
     for r in results:
         state.metrics.queue_time.labels(model).observe(r.queue_s)
+    _request_times.set((queue_s, inference_s))
     return {
         "X-Queue-Time-Ms": f"{queue_s * 1000:.3f}",
         "X-Inference-Time-Ms": f"{inference_s * 1000:.3f}",

@@ -44,7 +44,15 @@ async def info(state: State) -> dict[str, Any]:
         "max_image_pixels": settings.max_image_pixels,
         "truncate": "false (413) | true | head | tail | head+tail: ?truncate= on :classify and :predict, "
         "parameters.truncate in v1 and v2 bodies",
-        "protocols": {"v1": "/v1/models", "v2": "/v2", "v2_extensions": EXTENSIONS},
+        "protocols": {
+            "v1": "/v1/models",
+            "v2": "/v2",
+            "v2_extensions": EXTENSIONS,
+            # host:port of KServe v2 gRPC (Triton's GRPCInferenceService), or null when off (--grpc-port)
+            "v2_grpc": f"{settings.host}:{settings.grpc_port}" if settings.grpc_port else None,
+            "tei": "/predict",
+            "torchserve": "/predictions/{model}",
+        },
         "docs": {"swagger": "/docs", "redoc": "/redoc", "openapi": "/openapi.json", "ui": "/ui"},
         "models": cards,
         "unavailable": dict(sorted(state.registry.failed.items())),

@@ -17,7 +17,7 @@ import numpy as np
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
-from server.errors import ErrorKind, ServeError, invalid, malformed, not_found
+from server.errors import ErrorKind, ServeError, clean_message, invalid, malformed, not_found
 from server.model_card import describe
 from server.models import RAW_INPUT, ServedModel, load_models
 from server.repository import RepositoryError, discover
@@ -65,7 +65,7 @@ async def model_config(name: str, state: State, version: str | None = None) -> d
     gpu = model.backend.device == "cuda"
     return {
         "name": model.name,
-        "platform": "onnxruntime_onnx" if model.backend.name == "onnxruntime" else "pytorch_libtorch",
+        "platform": model.platform,
         "backend": "onnxruntime" if model.backend.name == "onnxruntime" else "pytorch",
         "version_policy": {"specific": {"versions": [model.version]}},
         "max_batch_size": settings.max_batch_size,
@@ -101,52 +101,9 @@ async def model_config(name: str, state: State, version: str | None = None) -> d
 # -- statistics ----------------------------------------------------------------------------------------
 
 
-def _sample(state: AppState, name: str, labels: dict[str, str]) -> float:
-    return state.metrics.registry.get_sample_value(name, labels) or 0.0
-
-
-def _duration(count: float, seconds: float) -> dict[str, int]:
-    return {"count": int(count), "ns": int(seconds * 1e9)}
-
-
 def _model_stats(state: AppState, model: ServedModel) -> dict[str, Any]:
-    """Counts and cumulative times from the metrics (server.metrics), in Triton's statistics shape.
-
-    success: ok requests (ns: wall time of all requests of the model, the only per-request timer kept);
-    fail: requests that ended with an error; queue: per item; compute_infer: per batch (the backend call,
-    which here includes input collation and softmax, so compute_input/compute_output stay 0).
-    """
-    m = {"model": model.name}
-    ok = _sample(state, "lara_requests_total", {**m, "outcome": "ok"})
-    total = sum(
-        s.value
-        for metric in state.metrics.requests.collect()
-        for s in metric.samples
-        if s.name == "lara_requests_total" and s.labels.get("model") == model.name
-    )
-    zero = _duration(0, 0.0)
-    return {
-        "name": model.name,
-        "version": model.version,
-        "last_inference": 0,  # not tracked
-        "inference_count": int(_sample(state, "lara_batch_size_sum", m)),
-        "execution_count": int(_sample(state, "lara_batch_size_count", m)),
-        "inference_stats": {
-            "success": _duration(ok, _sample(state, "lara_request_seconds_sum", m)),
-            "fail": _duration(total - ok, 0.0),
-            "queue": _duration(
-                _sample(state, "lara_queue_seconds_count", m), _sample(state, "lara_queue_seconds_sum", m)
-            ),
-            "compute_input": zero,
-            "compute_infer": _duration(
-                _sample(state, "lara_inference_seconds_count", m), _sample(state, "lara_inference_seconds_sum", m)
-            ),
-            "compute_output": zero,
-            "cache_hit": zero,
-            "cache_miss": zero,
-        },
-        "batch_stats": [],
-    }
+    """Triton's statistics shape, from server.statistics (which says how each count is kept)."""
+    return state.metrics.statistics.snapshot(model.name).as_triton(model.name, model.version)
 
 
 @router.get("/v2/models/stats")
@@ -182,6 +139,10 @@ async def _json_body(request: Request) -> dict[str, Any]:
 async def repository_index(request: Request, state: State) -> list[dict[str, Any]]:
     """Every model of the repository folder and every served one: READY, or UNAVAILABLE with the reason."""
     body = await _json_body(request)
+    return index(state, bool(body.get("ready", False)))
+
+
+def index(state: AppState, ready_only: bool) -> list[dict[str, Any]]:
     try:
         names = set(discover(state.settings.model_repository))
     except RepositoryError:
@@ -192,16 +153,18 @@ async def repository_index(request: Request, state: State) -> list[dict[str, Any
         model = state.registry.models.get(name)
         if model is not None:
             out.append({"name": name, "version": model.version, "state": "READY"})
-        elif not body.get("ready", False):
+        elif not ready_only:
             reason = state.registry.failed.get(name, _UNLOADED.format(name=name))
             out.append({"name": name, "state": "UNAVAILABLE", "reason": reason})
     return out
 
 
-def _control_lock(request: Request) -> asyncio.Lock:
-    lock = getattr(request.app.state, "lara_model_control", None)
-    if lock is None:  # one lock per app: loads and unloads of a server never interleave
-        lock = request.app.state.lara_model_control = asyncio.Lock()
+def control_lock(app_state: Any) -> asyncio.Lock:
+    """One lock per app (its Starlette `app.state`): loads and unloads never interleave, whichever protocol
+    (HTTP here, gRPC in server.grpc) asks."""
+    lock = getattr(app_state, "lara_model_control", None)
+    if lock is None:
+        lock = app_state.lara_model_control = asyncio.Lock()
     return lock
 
 
@@ -216,13 +179,18 @@ def _check_control(state: AppState) -> None:
 @router.post("/v2/repository/models/{name}/load")
 async def load_model(name: str, request: Request, state: State) -> JSONResponse:
     """Load (or reload) a model from the repository folder; the old instance serves until the new one is ready."""
-    _check_control(state)
     params = (await _json_body(request)).get("parameters") or {}
+    await load(name, params, state, control_lock(request.app.state))
+    return JSONResponse({})
+
+
+async def load(name: str, params: Any, state: AppState, lock: asyncio.Lock) -> None:
+    _check_control(state)
     if not isinstance(params, dict) or any(k == "config" or k.startswith("file:") for k in params):
         raise invalid("load takes no config override or files: the model's config.json in the repository is used")
     if not state.started or state.draining:
         state.model(name)  # 503 with the reason: the server is loading or draining
-    async with _control_lock(request):
+    async with lock:
         try:
             discover(state.settings.model_repository, [name])
         except RepositoryError as exc:
@@ -231,7 +199,11 @@ async def load_model(name: str, request: Request, state: State) -> JSONResponse:
         try:
             new = (await asyncio.to_thread(load_models, settings, state.metrics))[name]
         except Exception as exc:
-            reason = " ".join(str(exc).split())[:500] or type(exc).__name__
+            reason = " ".join(clean_message(str(exc)).split())[:500] or type(exc).__name__
+            state.metrics.model_load_failures.labels(name).inc()
+            if name in state.registry.models:  # a failed reload: the old instance serves on, and says so
+                serving = state.registry.models[name].version
+                raise invalid(f"failed to reload {name!r} (version {serving} keeps serving): {reason}") from None
             state.registry.failed[name] = reason
             state.metrics.model_ready.labels(name).set(0)
             raise invalid(f"failed to load {name!r}: {reason}") from None
@@ -243,7 +215,6 @@ async def load_model(name: str, request: Request, state: State) -> JSONResponse:
         state.metrics.model_ready.labels(name).set(1)
         if old is not None:
             await _retire(old, state)
-    return JSONResponse({})
 
 
 @router.post("/v2/repository/models/{name}/unload")
@@ -251,23 +222,30 @@ async def unload_model(name: str, request: Request, state: State) -> JSONRespons
     """Stop serving a model: new requests get 503 at once; queued work finishes (up to graceful_timeout_s)."""
     _check_control(state)
     await _json_body(request)  # parameters.unload_dependents: there are no dependents (no ensembles)
-    async with _control_lock(request):
+    await unload(name, state, control_lock(request.app.state))
+    return JSONResponse({})
+
+
+async def unload(name: str, state: AppState, lock: asyncio.Lock) -> None:
+    _check_control(state)
+    async with lock:
         model = state.registry.models.pop(name, None)
         if model is None:
             if name in state.registry.failed:
-                return JSONResponse({})  # already not serving
+                return  # already not serving
             raise not_found(f"unknown model {name!r}; served: {sorted(state.registry.models)}")
         state.registry.failed[name] = _UNLOADED.format(name=name)
         state.metrics.model_ready.labels(name).set(0)
         await _retire(model, state)
-    return JSONResponse({})
 
 
 async def _retire(model: ServedModel, state: AppState) -> None:
+    """Queued work finishes (up to graceful_timeout_s), then the model stops: what is still queued gets
+    503, the running batch is answered, and nothing blocks the event loop (server.batcher.Batcher.stop)."""
     deadline = time.monotonic() + state.settings.graceful_timeout_s
     while model.batcher.depth and time.monotonic() < deadline:
         await asyncio.sleep(0.01)
-    await model.stop()
+    await model.stop(grace_s=max(1.0, deadline - time.monotonic()))
 
 
 # -- classification extension (used by server.routes.v2) ----------------------------------------------------

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 from typing import Annotated, Any
@@ -18,7 +17,7 @@ from server.model_card import ANY_TYPES, FORM_TYPES, IMAGE_TYPES, TEXT_TYPES, de
 from server.models import ServedModel
 from server.preprocess import Item, truncation_side
 from server.routes.common import State, predictions, require_api_key, timing_headers, track
-from server.schemas import B64Instance, ClassifyResponse, ErrorBody, V1PredictRequest, V1PredictResponse, parse_body
+from server.schemas import B64Instance, ClassifyResponse, ErrorBody, V1PredictRequest, V1PredictResponse, parse_large
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody} for code in (400, 401, 404, 413, 415, 422, 429, 503, 504)
@@ -75,7 +74,10 @@ async def predict(
     with track(state, name):
         model = state.model(name)
         expected = "body must be {'instances': [...], 'parameters': {...}}"
-        body = parse_body(V1PredictRequest, await request.body(), expected)
+        raw_body = await request.body()
+        if raw_body.lstrip()[:1] not in (b"{", b"["):  # a file or plain text: that is what :classify takes
+            expected += f"; to send a raw text or image file as the body, POST it to /v1/models/{name}:classify"
+        body = await parse_large(V1PredictRequest, raw_body, expected)
         if len(body.instances) > settings.max_queue_size:
             raise ServeError(
                 ErrorKind.TOO_LARGE,
@@ -123,8 +125,8 @@ async def classify(
     """The body is one image (image/png, ...) or one text (text/plain; any charset is decoded), raw bytes
     (application/octet-stream: the kind is sniffed), or a multipart/form-data upload (`curl -F file=@a.png`).
 
-    One file: the prediction with model_name and model_version. Several files (multipart): `predictions`,
-    one per file in upload order, each with its `filename`."""
+    Always `predictions`: one per file in upload order, each with its `filename` (null for a raw body).
+    One file: its prediction's fields also at the top level (label, score, top_k, ...), as before."""
     settings = state.settings
     with track(state, name):
         model = state.model(name)
@@ -142,13 +144,11 @@ async def classify(
             prediction.truncated = item.truncated
         state.metrics.observe_items(model.name, [i.length for i in items], [r.queue_s + r.inference_s for r in results])
         head = {"model_name": model.name, "model_version": model.version}
-        if len(preds) == 1:
-            body: dict[str, Any] = ClassifyResponse(**head, **preds[0].model_dump()).model_dump()
-        else:
-            body = {
-                **head,
-                "predictions": [{"filename": f, **p.model_dump()} for (f, _), p in zip(named, preds, strict=True)],
-            }
+        # `predictions` is there for one file as for several, so a client reads one shape; one file also
+        # keeps its fields at the top level, as before, so older clients keep working.
+        files = [{"filename": f, **p.model_dump()} for (f, _), p in zip(named, preds, strict=True)]
+        top = preds[0].model_dump() if len(preds) == 1 else {}
+        body: dict[str, Any] = {**head, **top, "predictions": files}
         return JSONResponse(body, headers=timing_headers(state, name, results))
 
 
@@ -193,11 +193,7 @@ def _instance_bytes(model: ServedModel, instance: str | B64Instance, index: int)
 
 
 async def _to_items(model: ServedModel, raw: list[bytes], truncate: str | None, max_pixels: int) -> list[Item]:
-    def convert() -> list[Item]:
-        return [model.item_from_bytes(data, truncate, max_pixels) for data in raw]
-
-    # Image decoding is CPU work: keep it off the event loop.
-    return await asyncio.to_thread(convert) if model.config.task == "image" else convert()
+    return await model.items_from_bytes(raw, truncate, max_pixels)  # off the event loop where it is slow
 
 
 def _short(exc: ValidationError) -> str:

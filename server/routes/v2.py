@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -16,7 +16,7 @@ from server.inputs import b64_elements
 from server.model_card import describe
 from server.models import RAW_INPUT, Scored, ServedModel
 from server.preprocess import Item, image_items_from_tensors, text_items_from_tensors, truncation_side
-from server.routes.common import State, bool_param, require_api_key, timing_headers, track
+from server.routes.common import AppState, State, bool_param, require_api_key, timing_headers, track
 from server.routes.triton import EXTENSIONS, class_count, classification
 from server.schemas import ErrorBody, V2InferResponse
 from server.settings import Settings
@@ -24,7 +24,7 @@ from server.v2_codec import (
     HEADER_LENGTH,
     DecodedRequest,
     Tensor,
-    decode_request,
+    decode_request_off_loop,
     encode_response,
     parse_header_length,
 )
@@ -97,44 +97,62 @@ async def infer(name: str, request: Request, state: State, version: str | None =
     as v1 :explain gives them (`max_passages`: 2-64); asking for the output `explanation` by name implies it.
     Per output `binary_data` and `classification: k` (Triton's "score:index:label" strings of the top k, on
     `probabilities`). Models with an ood_score output also give `ood_score` (FP32) and `in_distribution` (BOOL)."""
-    settings = state.settings
     with track(state, name):
         model = state.model(name, version)
         body = await request.body()
-        decoded = decode_request(body, parse_header_length(request.headers.get(HEADER_LENGTH)))
+        decoded = await decode_request_off_loop(body, parse_header_length(request.headers.get(HEADER_LENGTH)))
         params = decoded.request.parameters
-        wants_explanation = any(o.name == EXPLANATION for o in decoded.request.outputs or [])
-        explain = bool_param(params, "explain") or wants_explanation
-        if explain:
-            explainer.require_text(model)
-        max_passages = explainer.check_max_passages(params.get("max_passages", settings.explain_passages))
-        tensors = _base64_inputs(decoded)
-        items = await _items(model, tensors, truncation_side(params.get("truncate")), settings)
-        results, explanations = await _run(model, items, explain, max_passages, settings)
-        state.metrics.observe_items(model.name, [i.length for i in items], [r.queue_s + r.inference_s for r in results])
-        outputs = _output_tensors(model, [r.value for r in results])
-        if explanations is not None:
-            outputs[EXPLANATION] = ("BYTES", explanations)
-        selected = _select(outputs, decoded, bool_param(params, "binary_data_output"), model)
-        header: dict[str, Any] = {"model_name": model.name, "model_version": model.version}
-        if model.config.task == "text":  # per item, in request order: was the text cut to max_length?
-            header["parameters"] = {"truncated": [item.truncated for item in items]}
-        if decoded.request.id is not None:
-            header["id"] = decoded.request.id
-        content, headers = encode_response(header, selected)
-        return Response(content, headers={**headers, **timing_headers(state, name, results)})
+        answer = await run_infer(state, model, decoded, state.settings.request_timeout_s)
+        selected = _select(answer.outputs, decoded, bool_param(params, "binary_data_output"), model)
+        content, headers = encode_response(answer.header, selected)
+        return Response(content, headers={**headers, **timing_headers(state, name, answer.results)})
+
+
+@dataclass(frozen=True)
+class InferAnswer:
+    header: dict[str, Any]  # model_name, model_version, id, parameters
+    outputs: dict[str, tuple[str, np.ndarray]]  # every output the request may select, name -> (datatype, array)
+    results: list[BatchResult[Scored]]
+
+
+async def run_infer(state: AppState, model: ServedModel, decoded: DecodedRequest, timeout_s: float) -> InferAnswer:
+    """The one v2 inference path, whatever the wire (HTTP JSON, HTTP binary, gRPC): decoded tensors in,
+    every output out. The caller selects outputs (`select`) and encodes them."""
+    settings = state.settings
+    params = decoded.request.parameters
+    wants_explanation = any(o.name == EXPLANATION for o in decoded.request.outputs or [])
+    explain = bool_param(params, "explain") or wants_explanation
+    if explain:
+        explainer.require_text(model)
+    max_passages = explainer.check_max_passages(params.get("max_passages", settings.explain_passages))
+    tensors = _base64_inputs(decoded)
+    items = await _items(model, tensors, truncation_side(params.get("truncate")), settings)
+    results, explanations = await _run(model, items, explain, max_passages, settings, timeout_s)
+    state.metrics.observe_items(model.name, [i.length for i in items], [r.queue_s + r.inference_s for r in results])
+    outputs = _output_tensors(model, [r.value for r in results])
+    if explanations is not None:
+        outputs[EXPLANATION] = ("BYTES", explanations)
+    header: dict[str, Any] = {"model_name": model.name, "model_version": model.version}
+    if model.config.task == "text":  # per item, in request order: was the text cut to max_length?
+        header["parameters"] = {"truncated": [item.truncated for item in items]}
+    if decoded.request.id is not None:
+        header["id"] = decoded.request.id
+    return InferAnswer(header, outputs, results)
+
+
+def select(answer: InferAnswer, decoded: DecodedRequest, model: ServedModel) -> list[tuple[str, str, np.ndarray, bool]]:
+    """The outputs the request asked for (all without `outputs`), with Triton's classification applied."""
+    return _select(answer.outputs, decoded, False, model)
 
 
 async def _run(
-    model: ServedModel, items: list[Item], explain: bool, max_passages: int, settings: Settings
+    model: ServedModel, items: list[Item], explain: bool, max_passages: int, settings: Settings, timeout_s: float
 ) -> tuple[list[BatchResult[Scored]], np.ndarray | None]:
     """The items' results and, with explain, the BYTES output `explanation`: per item one JSON document
     {"method", "length", "passages": [...]}, the passages as v1 :explain gives them."""
     if not explain:
-        return await model.classify(items, settings.request_timeout_s), None
-    results, passages = await explainer.explain(
-        model, items, max_passages, settings.request_timeout_s, settings.max_queue_size
-    )
+        return await model.classify(items, timeout_s), None
+    results, passages = await explainer.explain(model, items, max_passages, timeout_s, settings.max_queue_size)
     return results, _bytes_array(explainer.documents(items, passages))
 
 
@@ -210,11 +228,7 @@ async def _items(model: ServedModel, tensors: list[Tensor], truncate: str | None
         elements = list(raw.array.reshape(-1))
         _check_count(len(elements), settings)
 
-        def convert() -> list[Item]:
-            return [model.item_from_bytes(e, truncate, settings.max_image_pixels) for e in elements]
-
-        # Image decoding is CPU work: keep it off the event loop.
-        return await asyncio.to_thread(convert) if model.config.task == "image" else convert()
+        return await model.items_from_bytes(elements, truncate, settings.max_image_pixels)  # off-loop if slow
 
     for tensor in tensors:
         if tensor.datatype != specs[tensor.name].datatype:

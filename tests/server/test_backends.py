@@ -93,7 +93,7 @@ def test_model_backends_choose_per_model() -> None:
     models = load_models(settings)
     try:
         assert {n: m.backend.name for n, m in models.items()} == {torch_name: "torch", ort_name: "onnxruntime"}
-        assert models[torch_name].v2_metadata()["platform"] == "lara_torch"
+        assert models[torch_name].v2_metadata()["platform"] == "pytorch_libtorch"
     finally:
         for m in models.values():
             m.backend.close()

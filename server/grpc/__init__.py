@@ -1,0 +1,1 @@
+"""KServe v2 gRPC beside HTTP (settings.grpc_port; needs the `grpc` extra). See server.grpc.service."""

@@ -1,0 +1,178 @@
+"""KServe v2 gRPC (Triton's `inference.GRPCInferenceService`) over the HTTP routes' own calls.
+
+Every RPC is registered with raw bytes in, so a message that does not parse is INVALID_ARGUMENT with a
+message (not grpc's generic INTERNAL); then the API key, then the same calls the HTTP routes make, and
+ServeError kinds become gRPC codes through server.errors.GRPC_STATUS. Not served (UNIMPLEMENTED): the
+streaming ModelStreamInfer, shared memory, trace and log settings.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+from tritonclient.grpc import service_pb2 as pb
+
+from server.errors import GRPC_STATUS, ErrorKind, ServeError, clean_message
+from server.grpc import convert
+from server.routes import triton, v2
+from server.routes.common import AppState, timing_headers, track
+
+log = logging.getLogger(__name__)
+SERVICE = "inference.GRPCInferenceService"
+_PUBLIC = {"ServerLive", "ServerReady"}  # like /v2/health/*: probes carry no key
+
+Rpc = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
+
+
+class InferenceService:
+    """One method per RPC, named as in the service definition; `app_state` is the FastAPI app's state
+    (for the model-control lock the HTTP routes share)."""
+
+    def __init__(self, state: AppState, app_state: Any) -> None:
+        self.state, self.app_state = state, app_state
+
+    async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: pb.ServerReadyRequest, context: Any) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.state.ready)
+
+    async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
+        try:
+            self.state.model(request.name, request.version or None)
+        except ServeError as exc:
+            if exc.kind is not ErrorKind.NOT_READY:
+                raise
+            return pb.ModelReadyResponse(ready=False)  # loading, draining, unloaded or failed
+        return pb.ModelReadyResponse(ready=True)
+
+    async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Any) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(name=v2.SERVER_NAME, version=v2.SERVER_VERSION, extensions=triton.EXTENSIONS)
+
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
+        metadata = await v2.model_metadata(request.name, self.state, request.version or None)
+        return convert.metadata_response(metadata)
+
+    async def ModelConfig(self, request: pb.ModelConfigRequest, context: Any) -> pb.ModelConfigResponse:
+        config = await triton.model_config(request.name, self.state, request.version or None)
+        return convert.from_json({"config": config}, pb.ModelConfigResponse())
+
+    async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Any) -> pb.ModelStatisticsResponse:
+        if request.name:
+            stats = await triton.model_stats(request.name, self.state, request.version or None)
+        else:
+            stats = await triton.all_stats(self.state)
+        return convert.from_json(stats, pb.ModelStatisticsResponse())
+
+    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Any) -> pb.RepositoryIndexResponse:
+        models = triton.index(self.state, request.ready)
+        return convert.from_json({"models": models}, pb.RepositoryIndexResponse())
+
+    async def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest, context: Any
+    ) -> pb.RepositoryModelLoadResponse:
+        params = convert.parameters(request.parameters)
+        await triton.load(request.model_name, params, self.state, triton.control_lock(self.app_state))
+        return pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(
+        self, request: pb.RepositoryModelUnloadRequest, context: Any
+    ) -> pb.RepositoryModelUnloadResponse:
+        await triton.unload(request.model_name, self.state, triton.control_lock(self.app_state))
+        return pb.RepositoryModelUnloadResponse()
+
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        state = self.state
+        with track(state, request.model_name):
+            model = state.model(request.model_name, request.model_version or None)
+            decoded = convert.decoded_request(request)
+            timeout_s = state.settings.request_timeout_s
+            remaining = context.time_remaining()  # the client's deadline, if it set one
+            if remaining is not None:
+                if remaining <= 0:
+                    raise ServeError(ErrorKind.TIMEOUT, "the call's deadline passed before inference")
+                timeout_s = min(timeout_s, remaining)
+            answer = await v2.run_infer(state, model, decoded, timeout_s)
+            selected = v2.select(answer, decoded, model)
+            timing = timing_headers(state, model.name, answer.results)  # also the statistics' queue/compute
+            context.set_trailing_metadata(tuple((k.lower(), v) for k, v in timing.items()))
+            return convert.infer_response(answer, selected)
+
+    # -- plumbing ------------------------------------------------------------------------------------------
+
+    def check_key(self, context: Any) -> None:
+        key = self.state.settings.api_key
+        if key is None:
+            return
+        metadata = {k.lower(): v for k, v in context.invocation_metadata() or ()}
+        given = metadata.get("x-api-key")
+        auth = metadata.get("authorization", "")
+        if given is None and isinstance(auth, str) and auth[:7].lower() == "bearer ":
+            given = auth[7:].strip()
+        if not isinstance(given, str) or not hmac.compare_digest(given.encode(), key.get_secret_value().encode()):
+            raise ServeError(
+                ErrorKind.UNAUTHENTICATED,
+                "missing or wrong API key: send metadata 'authorization: Bearer <key>' or 'x-api-key: <key>'",
+            )
+
+
+class _Handler(grpc.GenericRpcHandler):
+    """Routes `/inference.GRPCInferenceService/<Method>` to InferenceService.<Method>, bytes in."""
+
+    def __init__(self, service: InferenceService) -> None:
+        self._service = service
+        names = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods_by_name
+        self._handlers = {
+            name: grpc.unary_unary_rpc_method_handler(
+                self._wrap(name, getattr(service, name), getattr(pb, f"{name}Request")),
+                request_deserializer=None,
+                response_serializer=lambda message: message.SerializeToString(),
+            )
+            for name in names
+            if hasattr(service, name)
+        }
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        prefix, _, name = handler_call_details.method.rpartition("/")
+        return self._handlers.get(name) if prefix == f"/{SERVICE}" else None
+
+    def _wrap(self, name: str, rpc: Rpc, request_type: Any) -> Callable[[bytes, Any], Awaitable[Any]]:
+        async def call(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+            failure: tuple[grpc.StatusCode, str] | None = None
+            try:
+                try:
+                    request = request_type.FromString(raw)
+                except DecodeError:
+                    raise ServeError(ErrorKind.MALFORMED, f"the {name} request is not a valid {name}Request") from None
+                if name not in _PUBLIC:
+                    self._service.check_key(context)
+                return await rpc(request, context)
+            except ServeError as exc:
+                failure = (getattr(grpc.StatusCode, GRPC_STATUS[exc.kind]), clean_message(exc.message))
+            except RecursionError:
+                failure = (grpc.StatusCode.INVALID_ARGUMENT, "the request is nested too deeply")
+            except Exception as exc:
+                log.exception("unexpected error in gRPC %s", name)
+                failure = (grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
+            await context.abort(*failure)  # raises: the call ends with this status
+
+        return call
+
+
+def build_server(state: AppState, app_state: Any) -> grpc.aio.Server:
+    """A gRPC server bound to settings.host:settings.grpc_port (not started)."""
+    settings = state.settings
+    limit = settings.grpc_max_message_bytes
+    server = grpc.aio.server(
+        options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)]
+    )
+    server.add_generic_rpc_handlers((_Handler(InferenceService(state, app_state)),))
+    address = f"{settings.host}:{settings.grpc_port}"
+    if server.add_insecure_port(address) == 0:
+        raise RuntimeError(f"cannot listen for gRPC on {address}")
+    return server
