@@ -43,6 +43,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--positions", nargs="+", default=list(perturb.POSITIONS), choices=perturb.POSITIONS)
     p.add_argument("--variants", nargs="+", default=list(perturb.TEXT_VARIANTS), choices=perturb.TEXT_VARIANTS)
     p.add_argument(
+        "--genre-docs", type=int, default=None, help="variant documents for lara-text-genre (default: --docs)"
+    )
+    p.add_argument("--images", type=int, default=None, help="t10k images, a seeded sample (default: --limit, else all)")
+    p.add_argument(
         "--genre-filler-docs",
         type=int,
         default=None,
@@ -83,7 +87,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for name in _models(args.models):
         if load_config(name)["task"] == "image":
             s = ImageSettings(
-                limit=args.limit, ood_items=min(args.ood_items * 5, 1797), cnn_budget_s=args.cnn_budget, seed=args.seed
+                limit=args.images or args.limit,
+                ood_items=min(args.ood_items * 5, 1797),
+                cnn_budget_s=args.cnn_budget,
+                seed=args.seed,
             )
             results["models"][name] = run_image(OnnxImage(name, args.threads), s, log)
             results["models"][name]["settings"] = vars(s)
