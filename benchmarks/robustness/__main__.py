@@ -15,6 +15,7 @@ import json
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +81,8 @@ def _models(names: list[str] | None) -> list[str]:
     return names or available
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: argparse.Namespace, done: Callable[[dict[str, Any]], None] = lambda r: None) -> dict[str, Any]:
+    """Every model in turn; `done(results so far)` after each, so a long run leaves its finished models on disk."""
     t0 = time.perf_counter()
     log = lambda msg: print(f"[{time.perf_counter() - t0:6.0f}s] {msg}", flush=True)  # noqa: E731
     results: dict[str, Any] = {"models": {}}
@@ -109,21 +111,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 k: list(v) if isinstance(v, tuple) else v for k, v in vars(ts).items()
             }
         log(f"{name} done")
+        results["wall_s"] = round(time.perf_counter() - t0, 1)
+        done(results)
     results["wall_s"] = round(time.perf_counter() - t0, 1)
     return results
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
-    results = run(args)
-    results["command"] = "python -m benchmarks.robustness " + shlex.join(argv if argv is not None else sys.argv[1:])
+def write(results: dict[str, Any], out: Path, name: str, command: str) -> None:
+    results["command"] = command
     results["environment"] = environment()
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / args.name
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / name
     stem.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
     stem.with_suffix(".md").write_text(report.markdown(results))
-    report.filler_chart(results, stem.with_name(f"{args.name}_filler.png"))
-    report.calibration_chart(results, stem.with_name(f"{args.name}_calibration.png"))
+    report.filler_chart(results, stem.with_name(f"{name}_filler.png"))
+    report.calibration_chart(results, stem.with_name(f"{name}_calibration.png"))
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    command = "python -m benchmarks.robustness " + shlex.join(argv if argv is not None else sys.argv[1:])
+    results = run(args, done=lambda r: write(r, args.out, args.name, command))
     print(report.short_table(results))
     return results
 
