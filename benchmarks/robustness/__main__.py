@@ -61,6 +61,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--name", default="robustness", help="output file stem under --out")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--merge", nargs="+", type=Path, default=None, help="combine result files of runs made in parallel "
+                   "(e.g. one per model) into --name; nothing is run")  # fmt: skip
     args = p.parse_args(argv)
     if args.quick:
         for key, value in QUICK.items():
@@ -128,8 +130,22 @@ def write(results: dict[str, Any], out: Path, name: str, command: str) -> None:
     report.calibration_chart(results, stem.with_name(f"{name}_calibration.png"))
 
 
+def merge(paths: list[Path]) -> tuple[dict[str, Any], str]:
+    """Results of several runs as one (each model from the last file that has it) and their commands."""
+    parts = [json.loads(p.read_text()) for p in paths]
+    models = {name: r for part in parts for name, r in part["models"].items()}
+    wall = sum(part.get("wall_s", 0.0) for part in parts)
+    return {"models": models, "wall_s": wall, "parts": [p["command"] for p in parts]}, " ; ".join(
+        p["command"] for p in parts
+    )
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    if args.merge:
+        results, command = merge(args.merge)
+        write(results, args.out, args.name, command)
+        return results
     command = "python -m benchmarks.robustness " + shlex.join(argv if argv is not None else sys.argv[1:])
     results = run(args, done=lambda r: write(r, args.out, args.name, command))
     print(report.short_table(results))
