@@ -125,7 +125,7 @@ def markdown(results: dict[str, Any]) -> str:
         + "".join(f"Command: `{c}`  \n" for c in results.get("parts", [results["command"]]))
         + f"Run: {results['environment']['time']}, {results['wall_s']:.0f} s"
         + (f" (the sum of {len(results['parts'])} runs made in parallel). " if "parts" in results else ". ")
-        + "Accuracies in %, with 95% Wilson intervals; AUROC with Hanley-McNeil intervals; ECE with a bootstrap "
+        + "Accuracies and ECE in %, accuracies with 95% Wilson intervals; AUROC with Hanley-McNeil intervals; ECE with a bootstrap "
         "interval. What each case means: docs/robustness.md.\n\n## Summary\n\n"
         + short_table(results)
         + "\n\n## All cases\n\n"
