@@ -153,6 +153,7 @@ def filler_chart(results: dict[str, Any], path: Path) -> bool:
     srcs = sorted({k.split("/")[0] for _, r in panels for k in r["filler"]})
     fig, axes = plt.subplots(len(panels), len(srcs), figsize=(3.2 * len(srcs), 3 * len(panels)), squeeze=False)
     colours = {"append": "tab:blue", "prepend": "tab:orange", "interleave": "tab:green"}
+    markers = {"append": "o", "prepend": "s", "interleave": "^"}
     for row, (name, r) in enumerate(panels):
         for col, src in enumerate(srcs):
             ax = axes[row][col]
@@ -160,10 +161,12 @@ def filler_chart(results: dict[str, Any], path: Path) -> bool:
                 keys = sorted((int(k.split("/")[2]), k) for k in r["filler"] if k.startswith(f"{src}/{pos}/"))
                 if not keys:
                     continue
+                # positions often score alike: a small sideways offset and a marker each keep every line visible
+                dx = 0.015 * max(kb for kb, _ in keys) * (list(colours).index(pos) - 1)
                 for who, style in (("model", "-"), ("anchor", "--")):
-                    xs = [0] + [kb for kb, _ in keys]
+                    xs = [dx] + [kb + dx for kb, _ in keys]
                     ys = [100 * r["filler_clean"][who]["value"]] + [100 * r["filler"][k][who]["value"] for _, k in keys]
-                    ax.plot(xs, ys, style, color=colour, marker="o", ms=3, label=f"{who} {pos}")
+                    ax.plot(xs, ys, style, color=colour, marker=markers[pos], ms=4, label=f"{who} {pos}")
             ax.set_title(f"{name}: {src}", fontsize=9)
             ax.set_ylim(0, 102)
             ax.grid(alpha=0.3)
