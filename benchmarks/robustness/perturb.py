@@ -1,0 +1,180 @@
+"""The suite's perturbations: label-preserving changes of an article, filler placement, image transforms.
+
+Written apart from `model_export.augment` (training's perturbations) on purpose: the markup, the typo model
+and the filler placement here are not the ones training saw, so the suite measures robustness to a class of
+change, not recall of one recipe.
+"""
+
+from __future__ import annotations
+
+import io
+import random
+import re
+
+import numpy as np
+
+SEP = b"\n\n"
+POSITIONS = ("append", "prepend", "interleave")
+TEXT_VARIANTS = ("upper", "lower", "title", "ws_collapse", "ws_wrap", "markup", "typos")
+_KEYBOARD = ["qwertyuiop", "asdfghjkl", "zxcvbnm"]
+
+
+def _neighbours(c: str) -> str:
+    """Letters beside `c` on a QWERTY keyboard (the likeliest wrong key)."""
+    for row in _KEYBOARD:
+        i = row.find(c.lower())
+        if i >= 0:
+            near = row[max(0, i - 1) : i] + row[i + 1 : i + 2]
+            return near.upper() if c.isupper() else near
+    return c
+
+
+def typos(text: str, rng: random.Random, rate: float = 0.02) -> str:
+    """Each letter, with probability `rate`: swapped with the next character, dropped, doubled, or replaced
+    by a keyboard neighbour."""
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if c.isalpha() and rng.random() < rate:
+            op = rng.randrange(4)
+            if op == 0 and i + 1 < len(text):
+                out += [text[i + 1], c]
+                i += 2
+                continue
+            out += {1: [], 2: [c, c]}.get(op, [rng.choice(_neighbours(c))])
+        else:
+            out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def wrap(text: str, width: int = 64) -> str:
+    """Hard-wrapped at `width` columns (an e-mail's body), blank lines between paragraphs kept."""
+    paras = []
+    for para in re.split(r"\n\s*\n|\n", text):
+        lines, line = [], ""
+        for w in para.split():
+            if line and len(line) + 1 + len(w) > width:
+                lines.append(line)
+                line = w
+            else:
+                line = f"{line} {w}" if line else w
+        paras.append("\n".join([*lines, line]))
+    return "\n\n".join(paras)
+
+
+def html_page(text: str) -> str:
+    """The article as a saved web page: head, title, paragraphs in <p>, line breaks as <br/>."""
+    paras = [p.strip() for p in text.split("\n") if p.strip()]
+    title = paras[0][:80] if paras else ""
+    body = "\n".join(f'    <p class="body-text">{p}<br/></p>' for p in paras[1:])
+    return (
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n  <meta charset="utf-8"/>\n'
+        f'  <meta name="viewport" content="width=device-width"/>\n  <title>{title}</title>\n</head>\n'
+        f'<body>\n  <main id="content">\n    <h1 class="headline">{title}</h1>\n{body}\n  </main>\n</body>\n</html>\n'
+    )
+
+
+def text_variant(raw: bytes, name: str, rng: random.Random) -> bytes:
+    """One of TEXT_VARIANTS applied to an article's bytes."""
+    text = raw.decode("utf-8", errors="ignore")
+    fns = {
+        "upper": str.upper,
+        "lower": str.lower,
+        "title": str.title,
+        "ws_collapse": lambda t: " ".join(t.split()),
+        "ws_wrap": wrap,
+        "markup": html_page,
+        "typos": lambda t: typos(t, rng),
+    }
+    if name not in fns:
+        raise ValueError(f"unknown text variant {name!r}; allowed: {', '.join(TEXT_VARIANTS)}")
+    return fns[name](text).encode("utf-8")
+
+
+def _paragraph_cuts(article: bytes) -> list[int]:
+    """Byte offsets just after each paragraph break (or sentence end, for a one-paragraph article)."""
+    cuts = [m.end() for m in re.finditer(rb"\n+", article) if 0 < m.end() < len(article)]
+    if not cuts:
+        cuts = [m.end() for m in re.finditer(rb"[.!?] ", article) if m.end() < len(article)]
+    return cuts
+
+
+def place_filler(article: bytes, filler: bytes, position: str) -> bytes:
+    """append: article, blank line, filler; prepend: the reverse; interleave: the filler cut into equal runs
+    placed between the article's paragraphs (each run after a paragraph break), so the article is read in
+    pieces separated by unrelated text. Without a break in the article the filler is appended."""
+    if position == "append":
+        return article + SEP + filler
+    if position == "prepend":
+        return filler + SEP + article
+    if position != "interleave":
+        raise ValueError(f"position must be one of {', '.join(POSITIONS)}, got {position!r}")
+    cuts = _paragraph_cuts(article)
+    if not cuts:
+        return article + SEP + filler
+    step = len(filler) / len(cuts)
+    runs = [filler[round(i * step) : round((i + 1) * step)] for i in range(len(cuts))]
+    out, prev = [], 0
+    for cut, run in zip(cuts, runs, strict=True):
+        out += [article[prev:cut], run, SEP]
+        prev = cut
+    out.append(article[prev:])
+    return b"".join(out)
+
+
+# -- images: uint8 [N, 28, 28] in, uint8 [N, 28, 28] out ------------------------------------------------
+
+
+def shift(x: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Each image moved k pixels up, down, left or right (seeded per image), zeros shifted in."""
+    out = np.zeros_like(x)
+    for i, d in enumerate(rng.integers(0, 4, len(x))):
+        dy, dx = [(-k, 0), (k, 0), (0, -k), (0, k)][d]
+        h, w = x.shape[1:]
+        out[i, max(dy, 0) : h + min(dy, 0), max(dx, 0) : w + min(dx, 0)] = x[
+            i, max(-dy, 0) : h + min(-dy, 0), max(-dx, 0) : w + min(-dx, 0)
+        ]
+    return out
+
+
+def rotate(x: np.ndarray, degrees: float, rng: np.random.Generator) -> np.ndarray:
+    """Each image rotated by +-degrees (sign seeded per image) about its centre, bilinear, zeros outside."""
+    from scipy.ndimage import rotate as nd_rotate
+
+    signs = rng.choice([-1.0, 1.0], len(x))
+    return np.stack(
+        [
+            np.clip(nd_rotate(img.astype(np.float32), s * degrees, reshape=False, order=1), 0, 255)
+            for img, s in zip(x, signs, strict=True)
+        ]
+    ).astype(np.uint8)
+
+
+def jpeg(x: np.ndarray, quality: int) -> np.ndarray:
+    """Each image saved as a JPEG at `quality` and decoded again (blocking and ringing artefacts)."""
+    from PIL import Image
+
+    out = np.empty_like(x)
+    for i, img in enumerate(x):
+        buf = io.BytesIO()
+        Image.fromarray(img).save(buf, format="JPEG", quality=quality)
+        out[i] = np.asarray(Image.open(io.BytesIO(buf.getvalue())).convert("L"))
+    return out
+
+
+def gaussian_noise(x: np.ndarray, sigma: float, rng: np.random.Generator) -> np.ndarray:
+    """Additive gaussian noise of `sigma` grey levels (0-255 scale), clipped."""
+    return np.clip(x.astype(np.float32) + rng.normal(0.0, sigma, x.shape), 0, 255).astype(np.uint8)
+
+
+def upscale_digits(images: np.ndarray) -> np.ndarray:
+    """sklearn's 8x8 digits (0-16) -> 28x28 uint8: scaled to 20x20 (bilinear) and centred, as MNIST is."""
+    from PIL import Image
+
+    out = np.zeros((len(images), 28, 28), dtype=np.uint8)
+    for i, img in enumerate(images):
+        small = Image.fromarray((img * (255.0 / 16.0)).astype(np.uint8)).resize((20, 20), Image.BILINEAR)
+        out[i, 4:24, 4:24] = np.asarray(small)
+    return out

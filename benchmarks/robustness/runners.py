@@ -1,0 +1,126 @@
+"""What the suite runs: a shipped model through onnxruntime (as the server does), and its anchor.
+
+Every runner maps a batch of inputs to `Outputs`: class probabilities [N, C] and, where the model's graph
+has it, `ood_score` [N] (higher = less like the training data). Today's graphs have `logits` only; after
+`model_export.finalize` they also have `ood_score`, and their logits are already divided by the
+calibration temperature, so softmax(logits) is the served probability either way.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.robustness.stats import softmax
+from model_export.export import make_session
+from model_export.long_docs import length_groups
+
+ROOT = Path(__file__).resolve().parents[2]
+REPOSITORY = ROOT / "model_repository"
+
+
+@dataclass
+class Outputs:
+    probs: np.ndarray  # [N, C] float64
+    ood: np.ndarray | None  # [N] or None when the graph has no ood_score
+
+    @property
+    def pred(self) -> np.ndarray:
+        return self.probs.argmax(axis=1)
+
+
+def load_config(name: str) -> dict[str, Any]:
+    return json.loads((REPOSITORY / name / "config.json").read_text())
+
+
+class OnnxModel:
+    """A shipped model's 1/model.onnx in an onnxruntime CPU session."""
+
+    def __init__(self, name: str, threads: int = 1) -> None:
+        self.name = name
+        self.config = load_config(name)
+        self.session = make_session(REPOSITORY / name / "1" / "model.onnx", threads=threads)
+        self.outputs = [o.name for o in self.session.get_outputs()]
+        self.has_ood = "ood_score" in self.outputs
+        self.threshold = float(self.config["ood"]["threshold"]) if self.has_ood and "ood" in self.config else None
+
+    def _run(self, feeds: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray | None]:
+        out = dict(zip(self.outputs, self.session.run(None, feeds), strict=True))
+        return out["logits"], out.get("ood_score")
+
+    def _collect(self, n: int, batches: Any) -> Outputs:
+        probs: np.ndarray | None = None
+        ood = np.zeros(n) if self.has_ood else None
+        for idx, (logits, score) in batches:
+            if probs is None:
+                probs = np.zeros((n, logits.shape[1]))
+            probs[idx] = softmax(logits)
+            if ood is not None:
+                ood[idx] = score
+        assert probs is not None, "no inputs"
+        return Outputs(probs, ood)
+
+
+class OnnxText(OnnxModel):
+    """Byte documents -> Outputs; head-truncated at the model's max_length (the server's default), batched by
+    length so padding stays small."""
+
+    @property
+    def max_length(self) -> int:
+        return int(self.config["preprocessing"]["max_length"])
+
+    def __call__(self, raws: Sequence[bytes], batch_size: int = 16) -> Outputs:
+        raws = [r[: self.max_length] or b" " for r in raws]  # an empty document has no tokens: one space
+
+        def batches() -> Any:
+            for idx in length_groups(raws, batch_size):
+                n = max(len(raws[i]) for i in idx)
+                ids = np.zeros((len(idx), n), dtype=np.int64)
+                mask = np.zeros((len(idx), n), dtype=np.int64)
+                for row, i in enumerate(idx):
+                    ids[row, : len(raws[i])] = np.frombuffer(raws[i], dtype=np.uint8).astype(np.int64) + 1
+                    mask[row, : len(raws[i])] = 1
+                yield idx, self._run({"input_ids": ids, "attention_mask": mask})
+
+        return self._collect(len(raws), batches())
+
+
+class OnnxImage(OnnxModel):
+    """uint8 images [N, 28, 28] -> Outputs, normalised with config.json's preprocessing mean/std."""
+
+    def __call__(self, images: np.ndarray, batch_size: int = 256) -> Outputs:
+        pre = self.config["preprocessing"]
+        x = ((images.astype(np.float32) / 255.0 - pre["mean"]) / pre["std"])[:, None]  # [N, 1, 28, 28]
+
+        def batches() -> Any:
+            for s in range(0, len(x), batch_size):
+                yield slice(s, s + batch_size), self._run({"pixel_values": np.ascontiguousarray(x[s : s + batch_size])})
+
+        return self._collect(len(x), batches())
+
+
+class TfidfAnchor:
+    """TF-IDF word 1-2-grams + logistic regression (model_export.distill.tfidf_classifier) fit on the same
+    training split as the model; it reads the same (truncated) bytes, decoded as UTF-8."""
+
+    name = "tfidf-logreg"
+
+    def __init__(self, texts: Sequence[str], labels: Sequence[int], num_classes: int) -> None:
+        from model_export.distill import tfidf_classifier
+
+        t0 = time.perf_counter()
+        self.clf = tfidf_classifier().fit(list(texts), list(labels))
+        self.fit_s = time.perf_counter() - t0
+        self.num_classes = num_classes
+
+    def __call__(self, raws: Sequence[bytes], max_length: int) -> Outputs:
+        probs = np.zeros((len(raws), self.num_classes))
+        p = self.clf.predict_proba([r[:max_length].decode("utf-8", errors="ignore") for r in raws])
+        probs[:, self.clf.classes_] = p
+        return Outputs(probs, None)
