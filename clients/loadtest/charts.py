@@ -122,6 +122,7 @@ def _vs(cells: list[Cell], out: Path, stem: str, x: Callable[[Cell], float], gro
         if metric == "p50_ms":
             ax.set_yscale("log")
             ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:g}"))
+            ax.yaxis.set_minor_formatter(FuncFormatter(_two_and_five))  # not matplotlib's "4x10^2"
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.set_title(("Latency" if metric == "p50_ms" else "Throughput") + f" vs {subject}")
