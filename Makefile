@@ -11,7 +11,7 @@ SERVE_STAMP := $(VENV)/.installed-serve
 # chromium: the /docs and /ui browser tests (driven by playwright from PyPI; no browser download)
 DEBS   := dataset-fashion-mnist chromium
 
-.PHONY: setup serve test lint bench debs
+.PHONY: setup serve test lint bench debs docs screenshot
 
 BROWN  := data_cache/brown/package/cats.txt
 SOTU   := data_cache/sotu/package/datapackage.json
@@ -75,6 +75,14 @@ test: setup lint
 
 bench: setup
 	$(PY) -m benchmarks.attention
+
+# The documentation site: MkDocs + Material into site/ (ignored); --strict fails on a broken link.
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --site-dir site
+
+# docs/ui.png and docs/ui.json from a live server in headless Chromium (tools/screenshot.py).
+screenshot: $(STAMP)
+	$(PY) -m tools.screenshot
 
 # The lean serving install: pyproject's base dependencies only (about 230 MB, no torch/triton/dev tools).
 # A venv that already has the full install ([dev]) is a superset and is used as it is.

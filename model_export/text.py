@@ -157,7 +157,7 @@ class TfidfHead(nn.Module):
     in the graph from input_ids: [B, N] -> logits [B, C].
 
     Why: by cross-validation on BBC a bag of words with idf keeps its accuracy from the first KB to whole
-    documents where a mean of token vectors does not (benchmarks.anchor_parts); idf is what a byte model's
+    documents where a mean of token vectors does not (research.anchor_parts); idf is what a byte model's
     mean pooling lacks. `idf` is a buffer set once by `fit_idf` before training (0 for grams in fewer than
     2 training documents, as min_df=2 drops them), saved and exported with the weights.
 

@@ -2,7 +2,8 @@
 
 `python -m clients loadtest --model NAME --lengths 1K,4K,16K --concurrency 1,8 --out DIR` (see cli.py).
 The parts: inputs (what is sent), protocol (how, per route), schedule (closed/open loop arrivals),
-runner (one cell), sweep (all cells), report (statistics), writers (JSON, CSV, table), charts (PNG).
+runner (one cell), rigour (measurement windows and their stability, thin percentiles, achieved vs offered
+rate), sweep (all cells), report (statistics), writers (JSON, CSV, table), charts (PNG), html (report.html).
 """
 
 from clients.loadtest.cli import check_loopback, main

@@ -1,7 +1,8 @@
 """`python -m clients loadtest ...`: argument parsing, target discovery, outputs, exit status.
 
-Exit status: 0 when every cell's error rate is within --fail-on-error-rate; 1 when it is not, or the
-server cannot be reached or does not serve the model; 2 for a usage error (bad flags, inputs the model
+Exit status: 0 when every cell's error rate is within --fail-on-error-rate and every cell got at least one
+successful response (or --allow-failed-cells); 1 when not, or the server cannot be reached or does not
+serve the model; 2 for a usage error (bad flags, inputs the model
 cannot take), reported before any inference request is sent.
 """
 
@@ -21,8 +22,10 @@ from urllib.parse import urlparse
 
 import httpx
 
+from clients.loadtest.html import write_html
 from clients.loadtest.inputs import (
     BUILTIN_KINDS,
+    BUILTIN_SETS,
     InputError,
     InputGroup,
     builtin,
@@ -33,6 +36,7 @@ from clients.loadtest.inputs import (
 )
 from clients.loadtest.protocol import ROUTES
 from clients.loadtest.report import Report, Target
+from clients.loadtest.rigour import Stability
 from clients.loadtest.schedule import LoadPoint
 from clients.loadtest.sweep import SweepPlan, check_plan, run_sweep
 from clients.loadtest.writers import format_table, write_csv, write_json
@@ -99,10 +103,15 @@ def build_parser(prog: str = "python -m clients loadtest") -> argparse.ArgumentP
                       help="skip longer inputs for a model and load once a cell's p50 exceeds this")  # fmt: skip
     load.add_argument("--budget-s", type=float, default=None, help="whole run: later cells are skipped, saying so")
     load.add_argument("--seed", type=int, default=0, help="open-loop arrival schedule")
+    load.add_argument("--stability-percentage", type=float, default=None,
+                      help="measurement windows (each bounded by --requests and --seconds) until throughput and "
+                           "p50 are within this %% over 3 windows, as perf_analyzer; default: one run per cell")  # fmt: skip
+    load.add_argument("--max-windows", type=int, default=10, help="with --stability-percentage: at most this many")
     inputs = p.add_argument_group("inputs (default: --lengths 1K,4K for text models, noise PNGs for image models)")
     inputs.add_argument("--lengths", type=_sizes, default=None, help="synthetic texts of these byte lengths")
-    inputs.add_argument("--set", action="append", default=[], choices=["bbc", "brown", "fashion"],
-                        help="built-in test set: bbc, brown (texts), fashion (images)")  # fmt: skip
+    inputs.add_argument("--set", action="append", default=[], choices=list(BUILTIN_SETS),
+                        help="built-in inputs: examples-text, examples-image (examples/, any install); "
+                             "bbc, brown (texts), fashion (images): test splits, full install")  # fmt: skip
     inputs.add_argument("--files", nargs="+", type=Path, default=[], help="files or folders (texts or images)")
     inputs.add_argument("--truncate", action="store_true", help="let the server cut texts longer than it takes")
     p.add_argument("--route", action="append", choices=ROUTES, help="predict (default), classify, v2-json, v2-binary")
@@ -110,6 +119,8 @@ def build_parser(prog: str = "python -m clients loadtest") -> argparse.ArgumentP
     p.add_argument("--note", action="append", default=[], help="free text kept in report.json (e.g. server flags)")
     p.add_argument("--fail-on-error-rate", type=float, default=0.0,
                    help="exit 1 if any cell's error rate exceeds this (default 0: any error fails)")  # fmt: skip
+    p.add_argument("--allow-failed-cells", action="store_true",
+                   help="exit 0 even when a cell got no successful response (e.g. every request refused, 413)")  # fmt: skip
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="live progress bars (default: when stderr is a terminal)")  # fmt: skip
     return p
@@ -197,9 +208,32 @@ def _settings(args: argparse.Namespace, argv: Sequence[str], plan: SweepPlan) ->
         "budget_s": plan.budget_s,
         "truncate": plan.truncate,
         "seed": plan.seed,
+        "stability_percentage": plan.stability.percentage if plan.stability else None,
+        "max_windows": plan.stability.max_windows if plan.stability else None,
         "client": {"python": platform.python_version(), "cpus": os.cpu_count(), "machine": platform.machine()},
         "latency": "from the scheduled send time (open loop) or the send time (closed loop) to the full answer",
     }
+
+
+def _stability(args: argparse.Namespace) -> Stability | None:
+    if args.stability_percentage is None:
+        return None
+    return Stability(args.stability_percentage, args.max_windows)
+
+
+def _write_outputs(report: Report, out: Path) -> None:
+    """report.json, report.csv, the PNG charts when matplotlib is there, and report.html beside them."""
+    written = [write_json(report, out / "report.json"), write_csv(report.cells, out / "report.csv")]
+    charts: list[Path] = []
+    try:
+        from clients.loadtest.charts import write_charts
+    except ImportError as exc:  # matplotlib is in the [loadtest] extra; the lean install lacks it
+        print(f"note: no PNG charts ({exc}); report.html has the table. For charts: pip install -e '.[loadtest]' "
+              "(matplotlib, tqdm) and rerun", file=sys.stderr)  # fmt: skip
+    else:
+        charts = write_charts(report.cells, out)
+    written += [*charts, write_html(report, charts, out / "report.html")]
+    print("wrote " + ", ".join(str(p) for p in written), file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m clients loadtest") -> int:
@@ -217,7 +251,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m clients loadt
         plan = SweepPlan(targets=targets, groups=_groups(args, targets[0].task, notes), points=points,
                          routes=args.route or ["predict"], requests=args.requests, seconds=args.seconds,
                          timeout_s=args.timeout, api_key=args.api_key, truncate=args.truncate, warmup=args.warmup,
-                         max_p50_ms=args.max_p50_ms, budget_s=args.budget_s, seed=args.seed, progress=args.progress)  # fmt: skip
+                         max_p50_ms=args.max_p50_ms, budget_s=args.budget_s, seed=args.seed, progress=args.progress,
+                         stability=_stability(args))  # fmt: skip
         check_plan(plan)
     except (InputError, ValueError) as exc:
         parser.print_usage(sys.stderr)
@@ -227,20 +262,14 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m clients loadt
         print(f"error: {exc}", file=sys.stderr)
         return 1
     cells = asyncio.run(run_sweep(plan))
-    report = Report(_settings(args, argv, plan), targets, cells, args.fail_on_error_rate, notes)
+    report = Report(_settings(args, argv, plan), targets, cells, args.fail_on_error_rate, notes,
+                    args.allow_failed_cells)  # fmt: skip
     print(format_table(cells))
     if args.out:
-        written = [write_json(report, args.out / "report.json"), write_csv(cells, args.out / "report.csv")]
-        try:
-            from clients.loadtest.charts import write_charts
-        except ImportError as exc:  # matplotlib is in the [loadtest] extra
-            print(f"warning: no charts ({exc}); pip install 'lara-serve[loadtest]'", file=sys.stderr)
-        else:
-            written += write_charts(cells, args.out)
-        print("wrote " + ", ".join(str(p) for p in written), file=sys.stderr)
+        _write_outputs(report, args.out)
     if report.failures:
-        print(f"FAILED: error rate above {args.fail_on_error_rate:g} in {len(report.failures)} cell(s):",
-              file=sys.stderr)  # fmt: skip
+        print(f"FAILED: {len(report.failures)} cell(s) with an error rate above {args.fail_on_error_rate:g} or "
+              "no successful response:", file=sys.stderr)  # fmt: skip
         for line in report.failures:
             print(f"  {line}", file=sys.stderr)
         return 1

@@ -169,13 +169,42 @@ def _fashion() -> InputGroup:
     return InputGroup("fashion-test", "image", tuple(payloads))
 
 
-BUILTIN_SETS: dict[str, Callable[[], InputGroup]] = {"bbc": _bbc, "brown": _brown, "fashion": _fashion}
-BUILTIN_KINDS: dict[str, InputKind] = {"bbc": "text", "brown": "text", "fashion": "image"}  # known before loading
+# -- the project's own examples (examples/ in the checkout): no data package, no torch: the lean install --------
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _examples(kind: InputKind) -> InputGroup:
+    suffixes = {"text": (".txt",), "image": (".png",)}[kind]
+    files = sorted(p for p in EXAMPLES.glob("*") if p.suffix in suffixes) if EXAMPLES.is_dir() else []
+    if not files:
+        raise InputError(f"built-in set 'examples-{kind}' reads {EXAMPLES}, which holds no {'/'.join(suffixes)} "
+                         "files (an installed wheel has no examples/: use a checkout, --lengths or --files)")  # fmt: skip
+    group = from_paths(files)
+    return InputGroup(f"examples-{kind}", kind, group.payloads)
+
+
+BUILTIN_SETS: dict[str, Callable[[], InputGroup]] = {
+    "bbc": _bbc,
+    "brown": _brown,
+    "fashion": _fashion,
+    "examples-text": lambda: _examples("text"),
+    "examples-image": lambda: _examples("image"),
+}
+BUILTIN_KINDS: dict[str, InputKind] = {  # known before loading
+    "bbc": "text",
+    "brown": "text",
+    "fashion": "image",
+    "examples-text": "text",
+    "examples-image": "image",
+}
 
 
 def kind_hint(task: str) -> str:
     """What to give a model of this task instead."""
-    return "--lengths, text files or --set bbc/brown" if task == "text" else "image files or --set fashion"
+    if task == "text":
+        return "--lengths, text files or --set examples-text/bbc/brown"
+    return "image files or --set examples-image/fashion"
 
 
 def builtin(name: str) -> InputGroup:
@@ -184,4 +213,6 @@ def builtin(name: str) -> InputGroup:
     try:
         return BUILTIN_SETS[name]()
     except ImportError as exc:
-        raise InputError(f"built-in set {name!r} needs the model_export package and its data ({exc})") from None
+        # The lean install (make serve) has no torch: say what works there instead.
+        raise InputError(f"built-in set {name!r} needs the full install with its data ({exc}); without it use "
+                         "--set examples-text or examples-image (files in examples/), --lengths or --files") from None  # fmt: skip

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from clients.loadtest.inputs import InputGroup
+from clients.loadtest.rigour import percentile_warnings, rate_warning
 from clients.loadtest.runner import CellRun
 from clients.loadtest.schedule import LoadPoint
 
@@ -72,7 +73,9 @@ class Cell:
     statuses: dict[str, int] = field(default_factory=dict)
     duration_s: float | None = None
     throughput_rps: float | None = None  # successful answers per second
-    offered_rps: float | None = None  # requests sent per second
+    offered_rps: float | None = None  # the open loop's configured rate; None in a closed loop (it offers none)
+    achieved_rps: float | None = None  # answers (any status) per second: what the load actually was
+    rate_short: bool | None = None  # open loop: achieved below 90% of offered
     p50_ms: float | None = None
     p90_ms: float | None = None
     p95_ms: float | None = None
@@ -92,6 +95,12 @@ class Cell:
     batch_size_max: float | None = None
     stopped_by: str | None = None  # "requests", "seconds", or None when skipped
     skipped: str | None = None  # why the cell did not run
+    refused: bool = False  # skipped because the server refused the input (413 at warm-up): a failed cell
+    windows: int | None = None  # measurement windows run (None: one bounded run, no stability test)
+    stable: bool | None = None  # throughput and p50 agreed over the last windows (None: not tested)
+    window_throughput_rps: list[float | None] = field(default_factory=list)
+    window_p50_ms: list[float | None] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # thin percentiles, rate short of offered, unstable
     latencies_ms: list[float] = field(default_factory=list, repr=False)  # for CDF plots; not serialized
 
     def to_dict(self) -> dict[str, Any]:
@@ -119,9 +128,12 @@ def empty_cell(target: Target, route: str, group: InputGroup, point: LoadPoint) 
     )
 
 
-def skipped_cell(target: Target, route: str, group: InputGroup, point: LoadPoint, reason: str) -> Cell:
+def skipped_cell(
+    target: Target, route: str, group: InputGroup, point: LoadPoint, reason: str, refused: bool = False
+) -> Cell:
     cell = empty_cell(target, route, group, point)
     cell.skipped = reason
+    cell.refused = refused
     return cell
 
 
@@ -135,9 +147,13 @@ def summarize(target: Target, route: str, group: InputGroup, point: LoadPoint, r
     cell.error_rate = _r(cell.errors / cell.requests, 4) if samples else None
     cell.statuses = dict(sorted(Counter(s.status for s in samples).items()))
     cell.duration_s = _r(run.duration_s)
+    cell.offered_rps = point.rate if point.mode == "open" else None
     if run.duration_s > 0:
         cell.throughput_rps = _r(cell.ok / run.duration_s)
-        cell.offered_rps = _r(cell.requests / run.duration_s)
+        cell.achieved_rps = _r(cell.requests / run.duration_s)
+    short = rate_warning(cell.offered_rps, cell.achieved_rps)
+    cell.rate_short = None if cell.offered_rps is None else short is not None
+    cell.warnings = percentile_warnings(cell.ok) + ([short] if short else [])
     for q in PERCENTILES:
         setattr(cell, f"p{q}_ms", _r(percentile(latencies, q)))
     cell.max_ms = _r(max(latencies)) if latencies else None
@@ -165,14 +181,20 @@ class Report:
     cells: list[Cell]
     fail_on_error_rate: float = 0.0
     notes: list[str] = field(default_factory=list)  # e.g. skipped built-in sets
+    allow_failed_cells: bool = False  # a cell without one successful answer fails the run unless this is set
 
     @property
     def failures(self) -> list[str]:
-        """Cells whose error rate exceeds the threshold (the run's exit status is non-zero if any)."""
+        """Cells whose error rate exceeds the threshold, and cells that got no successful answer at all (413
+        included, also when warm-up saw it and skipped the cell): the run's exit status is non-zero if any."""
         out = []
         for c in self.cells:
+            where = f"{c.target} {c.route} {c.input} {c.load}"
             if c.error_rate is not None and c.error_rate > self.fail_on_error_rate:
-                out.append(f"{c.target} {c.route} {c.input} {c.load}: {c.errors}/{c.requests} errors {c.statuses}")
+                out.append(f"{where}: {c.errors}/{c.requests} errors {c.statuses}")
+            elif not self.allow_failed_cells and (c.refused or (c.requests > 0 and c.ok == 0)):
+                why = c.skipped if c.refused else f"{c.requests} requests, statuses {c.statuses}"
+                out.append(f"{where}: no successful response ({why}); --allow-failed-cells accepts it")
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -181,6 +203,7 @@ class Report:
             "settings": self.settings,
             "targets": [asdict(t) for t in self.targets],
             "fail_on_error_rate": self.fail_on_error_rate,
+            "allow_failed_cells": self.allow_failed_cells,
             "passed": not self.failures,
             "failures": self.failures,
             "notes": self.notes,

@@ -6,6 +6,8 @@ alike. A group the server refuses as too large (413 during warm-up) is skipped w
 `max_p50_ms`, once a (target, route) cell is slower than that, longer inputs at that load and heavier
 loads at that length or longer are skipped for it (how exact attention is kept from running for hours
 at 64 KB). With `budget_s`, cells that would start after the budget is spent are skipped, saying so.
+With `stability`, each cell runs measurement windows (each bounded by `requests` and `seconds`) until the
+last three agree (clients/loadtest/rigour.py).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import httpx
 from clients.loadtest.inputs import InputError, InputGroup, kind_hint
 from clients.loadtest.protocol import PreparedRequest, Route, prepare, unsupported_reason
 from clients.loadtest.report import Cell, Target, skipped_cell, summarize
-from clients.loadtest.runner import Sample, run_cell
+from clients.loadtest.rigour import STABLE_WINDOWS, Stability, WindowStats, is_stable, merge, window_stats
+from clients.loadtest.runner import CellRun, Sample, run_cell
 from clients.loadtest.schedule import LoadPoint
 
 MAX_REQUESTS_PER_CELL = 100_000
@@ -44,6 +47,7 @@ class SweepPlan:
     budget_s: float | None = None  # whole sweep; the cell running when it ends still finishes
     seed: int = 0
     progress: bool | None = None  # live progress bars; None: only when stderr is a terminal
+    stability: Stability | None = None  # measurement windows until stable; None: one run per cell
 
     def __post_init__(self) -> None:
         if not 1 <= self.requests <= MAX_REQUESTS_PER_CELL:
@@ -163,7 +167,7 @@ async def _sweep_group(
     for point in plan.points:
         reason = too_large or reason_to_skip(point)
         if reason:
-            record(skipped_cell(target, route, group, point, reason))
+            record(skipped_cell(target, route, group, point, reason, refused=reason is too_large))
             continue
         cell = await _one_cell(plan, client, target, route, group, point, requests)
         record(cell)
@@ -182,7 +186,11 @@ async def _one_cell(
     requests: list[PreparedRequest],
 ) -> Cell:
     desc = f"{target.label} {route} {group.name} {point.label}"
-    with _bar(plan, desc) as bar:
+    stability = plan.stability
+    windows = stability.max_windows if stability else 1
+    runs: list[CellRun] = []
+    stats: list[WindowStats] = []
+    with _bar(plan, desc, windows) as bar:
         errors = 0
 
         def on_done(sample: Sample) -> None:
@@ -192,8 +200,25 @@ async def _one_cell(
             if errors:
                 bar.set_postfix(errors=errors, refresh=False)
 
-        run = await run_cell(client, requests, point, plan.requests, plan.seconds, plan.seed, on_done)
-    return summarize(target, route, group, point, run)
+        for window in range(windows):
+            # Each window its own arrival schedule (seed + window): repeats of one schedule would agree trivially.
+            run = await run_cell(client, requests, point, plan.requests, plan.seconds, plan.seed + window, on_done)
+            runs.append(run)
+            stats.append(window_stats(run))
+            if stability and is_stable(stats, stability.percentage):
+                break
+    if stability is None:
+        return summarize(target, route, group, point, runs[0])
+    cell = summarize(target, route, group, point, merge(runs[-STABLE_WINDOWS:]))
+    cell.windows, cell.stable = len(runs), is_stable(stats, stability.percentage)
+    cell.window_throughput_rps = [None if s.throughput_rps is None else round(s.throughput_rps, 3) for s in stats]
+    cell.window_p50_ms = [None if s.p50_ms is None else round(s.p50_ms, 3) for s in stats]
+    if not cell.stable:
+        cell.warnings.append(
+            f"unstable: throughput and p50 not within {stability.percentage:g}% over {STABLE_WINDOWS} consecutive "
+            f"windows in {len(runs)}; figures are over the last {min(len(runs), STABLE_WINDOWS)}"
+        )
+    return cell
 
 
 class _NoBar:
@@ -212,19 +237,22 @@ class _NoBar:
         return None
 
 
-def _bar(plan: SweepPlan, desc: str) -> Any:
+def _bar(plan: SweepPlan, desc: str, windows: int = 1) -> Any:
     if not _progress(plan):
         return _NoBar()
     try:
         from tqdm import tqdm
     except ImportError:
         return _NoBar()
-    return tqdm(total=plan.requests, desc=desc, unit="req", leave=False)
+    return tqdm(total=plan.requests * windows, desc=desc, unit="req", leave=False)
 
 
 def _summary_line(cell: Cell) -> str:
     where = f"{cell.target} {cell.route} {cell.input} {cell.load}"
     if cell.skipped:
         return f"{where}: skipped ({cell.skipped})"
-    return (f"{where}: {cell.requests} requests, {cell.errors} errors, {cell.throughput_rps} req/s, "
+    line = (f"{where}: {cell.requests} requests, {cell.errors} errors, {cell.throughput_rps} req/s, "
             f"p50 {cell.p50_ms} ms, p99 {cell.p99_ms} ms")  # fmt: skip
+    if cell.windows is not None:
+        line += f", {cell.windows} windows, {'stable' if cell.stable else 'UNSTABLE'}"
+    return line

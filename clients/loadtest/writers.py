@@ -16,7 +16,8 @@ CSV_COLUMNS = [
     "duration_s", "throughput_rps", "offered_rps", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "max_ms", "mean_ms",
     "send_lag_p50_ms", "send_lag_p99_ms", "send_lag_max_ms", "server_queue_ms_p50", "server_queue_ms_mean",
     "server_inference_ms_p50", "server_inference_ms_mean", "server_total_ms_p50", "server_total_ms_mean",
-    "batch_size_mean", "batch_size_max", "stopped_by", "skipped",
+    "batch_size_mean", "batch_size_max", "stopped_by", "skipped", "achieved_rps", "rate_short", "windows",
+    "stable", "warnings",
 ]  # fmt: skip
 
 
@@ -45,6 +46,7 @@ def write_csv(cells: list[Cell], path: Path) -> Path:
         for cell in cells:
             row = _finite(cell.to_dict())
             row["statuses"] = ";".join(f"{k}:{v}" for k, v in cell.statuses.items())
+            row["warnings"] = " | ".join(cell.warnings)
             writer.writerow({k: "" if row[k] is None else row[k] for k in CSV_COLUMNS})
     return path
 
@@ -57,11 +59,12 @@ def format_table(cells: list[Cell]) -> str:
     """Fixed-width table: one row per cell, latency in ms; skipped cells are listed below it with the reason."""
     head = ["target", "route", "input", "load", "n", "err", "req/s", "p50", "p90", "p95", "p99", "max",
             "queue", "infer", "batch"]  # fmt: skip
-    rows, skipped = [], []
+    rows, skipped, warned = [], [], []
     for c in cells:
         if c.skipped:
             skipped.append(f"skipped {c.target} {c.route} {c.input} {c.load}: {c.skipped}")
             continue
+        warned += [f"warning {c.target} {c.route} {c.input} {c.load}: {w}" for w in c.warnings]
         rows.append([
             c.target, c.route, c.input, c.load, str(c.requests), str(c.errors), _fmt(c.throughput_rps),
             _fmt(c.p50_ms), _fmt(c.p90_ms), _fmt(c.p95_ms), _fmt(c.p99_ms), _fmt(c.max_ms),
@@ -75,6 +78,6 @@ def format_table(cells: list[Cell]) -> str:
             v.ljust(w) if i < 4 else v.rjust(w) for i, (v, w) in enumerate(zip(values, widths, strict=True))
         )
 
-    lines = [line(head), line(["-" * w for w in widths]), *(line(r) for r in rows), *skipped]
+    lines = [line(head), line(["-" * w for w in widths]), *(line(r) for r in rows), *skipped, *warned]
     lines.append("latency: ms from the scheduled send time; queue, infer: server p50 (headers); batch: mean size")
     return "\n".join(lines)

@@ -4,7 +4,7 @@ Why: glibc serves every allocation of 32 MiB or more (and smaller ones past its 
 with mmap and gives it back with munmap on free. A 64K-token forward of the text model allocates and
 frees dozens of activations that large ([65,536, 128] fp32 is 32 MiB), and the kernel page-faults and
 zeroes every page of each one again. Serving them from the heap and never trimming it made the torch
-forward about 40% faster at 64K tokens here (`python -m benchmarks.allocator`). onnxruntime has its own
+forward about 40% faster at 64K tokens here (`python -m research.allocator`). onnxruntime has its own
 arena and is unaffected. The cost: resident memory stays at its high-water mark instead of shrinking
 between requests.
 """

@@ -1,4 +1,4 @@
-"""Smoke test of benchmarks/brown_kfold.py: one fold at a tiny budget writes rows, summary and plot."""
+"""Smoke test of research/brown_kfold.py: one fold at a tiny budget writes rows, summary and plot."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from model_export import brown
 
 
 def test_one_fold_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, brown_all: list[brown.BrownDoc]) -> None:
-    from benchmarks import brown_kfold
+    from research import brown_kfold
 
     monkeypatch.setattr(brown_kfold, "RUNS", tmp_path / "runs")
     monkeypatch.setattr(brown_kfold, "OUT", tmp_path / "brown_kfold.json")

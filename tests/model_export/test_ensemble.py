@@ -1,4 +1,4 @@
-"""model_export.ensemble.ProbabilityMean against a float64 reference, and benchmarks.news_ensemble end to
+"""model_export.ensemble.ProbabilityMean against a float64 reference, and research.news_ensemble end to
 end on two tiny cross-validation fold models."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from benchmarks import news_ensemble, news_kfold
 from model_export.ensemble import ProbabilityMean
+from research import news_ensemble, news_kfold
 
 
 class Fixed(nn.Module):

@@ -1,4 +1,4 @@
-"""benchmarks.long_docs.pass_probability against an exact binomial, and benchmarks.gap_power end to end on
+"""benchmarks.long_docs.pass_probability against an exact binomial, and research.gap_power end to end on
 synthetic cross-validation results."""
 
 from __future__ import annotations
@@ -49,12 +49,12 @@ def experiment(path: Path, folds: dict[int, dict[str, str]]) -> None:
 
 
 def test_gap_power_ranks_recipes_and_skips_missing_folds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import benchmarks.common
-    from benchmarks import gap_power
+    import research
+    from research import gap_power
 
     results, out = tmp_path / "in", tmp_path / "out"
     results.mkdir()
-    monkeypatch.setattr(benchmarks.common, "RESULTS", out)
+    monkeypatch.setattr(research, "RESULTS", out)
     n = 300
     whole = "1" * n
     # "flat": level at every cut; "behind": 15 of 300 documents (5 points) wrong at 1 KB only.
@@ -80,7 +80,7 @@ def test_gap_power_ranks_recipes_and_skips_missing_folds(tmp_path: Path, monkeyp
 
 
 def test_gap_power_says_when_nothing_matches(tmp_path: Path) -> None:
-    from benchmarks import gap_power
+    from research import gap_power
 
     with pytest.raises(SystemExit, match="no news_kfold"):
         gap_power.main(["--results", str(tmp_path)])

@@ -1,4 +1,4 @@
-"""Smoke test of benchmarks/news_kfold.py: one fold at a tiny budget writes per-document rows, a pooled
+"""Smoke test of research/news_kfold.py: one fold at a tiny budget writes per-document rows, a pooled
 summary whose numbers follow from those rows, and a plot."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import news_kfold
+from research import news_kfold
 
 
 def test_one_fold_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

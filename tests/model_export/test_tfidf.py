@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import news_kfold
 from model_export import create_model, load_pretrained, train
 from model_export.registry import get_config
 from model_export.tasks import document_ids, load_task
 from model_export.text import _BASE, _BIGRAM_MUL, _BIGRAM_SALT, _WORD_MOD, TFIDF_GAIN, WORD_MAX_BYTES, TfidfHead
+from research import news_kfold
 from tests.model_export.conftest import export_round_trip
 
 BUCKETS = 1009

@@ -1,12 +1,12 @@
 """Forward time with and without `keep_freed_memory` (glibc malloc tuning), per document length.
 
-    .venv/bin/python -m benchmarks.allocator [--lengths 4096 16384 32768 65536] [--rounds 2] [--threads 1]
+    .venv/bin/python -m research.allocator [--lengths 4096 16384 32768 65536] [--rounds 2] [--threads 1]
         [--backends torch onnxruntime]
 
 Each measurement is a fresh child process (the setting is process-wide and cannot be undone), loading
 the shipped `lara-text-news` (torch eager with the fused CPU kernel, or its model.onnx in onnxruntime)
 and timing a batch-1 forward (one warm-up, then the median of 3). Off and on alternate round by round so that load on a shared machine falls on both alike; the
-ratio is what to read. Writes benchmarks/results/allocator.json.
+ratio is what to read. Writes research/results/allocator.json.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results" / "allocator.json"
+RESULTS = ROOT / "research" / "results" / "allocator.json"
 MODEL = ROOT / "model_repository" / "lara-text-news"
 
 
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
         runs: dict[str, list[dict[str, float]]] = {"off": [], "on": []}
         for r in range(args.rounds):
             for mode in ("off", "on") if r % 2 == 0 else ("on", "off"):
-                cmd = [sys.executable, "-m", "benchmarks.allocator", "--child", backend, mode]
+                cmd = [sys.executable, "-m", "research.allocator", "--child", backend, mode]
                 cmd += ["--threads", str(args.threads), "--lengths", *map(str, args.lengths)]
                 res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True)
                 runs[mode].append(json.loads(res.stdout.strip().splitlines()[-1]))
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
         for row in rows:
             print(f"| {row['tokens']:,} | {row['off_ms']:.0f} | {row['on_ms']:.0f} | {row['on_over_off']:.2f} |")
         print(f"growth {first['tokens']} -> {last['tokens']}: {growth}")
-    result["command"] = "python -m benchmarks.allocator " + " ".join(argv if argv is not None else sys.argv[1:])
+    result["command"] = "python -m research.allocator " + " ".join(argv if argv is not None else sys.argv[1:])
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
 

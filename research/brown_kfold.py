@@ -1,7 +1,7 @@
 """k-fold cross-validation on Brown: the LARA genre model at full length vs its first 2,048 bytes, beside
 TF-IDF + logistic regression on the same folds (the fixed 109-text test split alone is noisy).
 
-    python -m benchmarks.brown_kfold [--folds 0 1 2 3 4] [--budget 12] [--threads 1] [--init-from DIR]
+    python -m research.brown_kfold [--folds 0 1 2 3 4] [--budget 12] [--threads 1] [--init-from DIR]
 
 Folds: model_export.tasks.fold_split, 5 folds over all 500 texts, stratified by genre, seed 1234. For
 fold K: lara-text-genre's architecture, initialized from a BBC model's weights (--init-from, default the
@@ -11,7 +11,7 @@ by side stay comparable), then scored on fold K at full length and on its first 
 anchor is fit on the same four folds, at full length and on first-2,048-byte texts. Nothing is selected
 on the held-out fold: each run trains to its budget and its last weights are scored.
 
-Rows merge into benchmarks/results/brown_kfold.json after every fold (folds may run in parallel processes);
+Rows merge into research/results/brown_kfold.json after every fold (folds may run in parallel processes);
 the summary pools the 500 held-out predictions. A fold whose artifact exists is scored again, not retrained.
 """
 
@@ -26,8 +26,9 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import RESULTS, merge_fold_row
+from benchmarks.common import merge_fold_row
 from benchmarks.long_docs import first_bytes, tfidf_classifier
+from research import RESULTS
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "runs" / "brown-kfold"
@@ -135,7 +136,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 def merge(row: dict[str, Any], budget_min: float, threads: int) -> dict[str, Any]:
     """Add one fold's row to the results file (parallel fold processes write the same file) and redraw."""
     header = {
-        "benchmark": "python -m benchmarks.brown_kfold",
+        "benchmark": "python -m research.brown_kfold",
         "budget_min": budget_min,
         "budget": f"{budget_min:g} min of one core (CPU time, {threads} thread) per fold, "
         "from lara-text-news's weights, mixed-length windows 256 B - 4 KB",

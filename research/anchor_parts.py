@@ -1,6 +1,6 @@
 """Which parts of the bag-of-words anchor keep its accuracy flat from the first KB to whole documents.
 
-    python -m benchmarks.anchor_parts [--dataset news] [--no-heads]
+    python -m research.anchor_parts [--dataset news] [--no-heads]
 
 The anchor (TF-IDF word 1-2-grams, sublinear tf, idf, L2 norm, + logistic regression) fit on whole texts
 plus their first 512 B and 1 KB loses only about 0.3 point at 1 KB by 5-fold cross-validation on BBC, where
@@ -10,7 +10,7 @@ text model, this measures the anchor with parts taken away, on the same folds an
 norm (an L1-normalized count vector is the mean of one-hot word vectors: what a linear head over the
 masked mean of hashed word embeddings computes). Also features of the kind the text model's wide path reads
 (hashed word 1-2-grams, `model_export.text.TfidfHead`) fit by logistic regression. Writes
-benchmarks/results/anchor_parts.json.
+research/results/anchor_parts.json.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from benchmarks.common import environment, markdown_table, write_json
+from benchmarks.common import environment, markdown_table
 from benchmarks.long_docs import GAP_AT, HEAD_FIT, tfidf_kfold_truncation
 from model_export.distill import tfidf_classifier
+from research import write_json
 
 WORDS = r"[A-Za-z0-9]+"  # the text encoder's word definition (model_export.text.word_chars), case-folded
 

@@ -2,9 +2,9 @@
 the first n bytes and on whole documents, pooled over the held-out folds, and how far the first KB falls
 below the best cut (the 1 KB gap) with a paired-bootstrap 95% interval.
 
-    python -m benchmarks.news_kfold [--folds 0 1 2 3 4] [--budget 30] [--threads 1] [--seed 1]
-    python -m benchmarks.news_kfold --folds 0 1 --budget 65 --length-mix '{"head_prob": 0.9}' --name head90 \\
-        --against benchmarks/results/news_kfold_65min.json     # another recipe, paired against the shipped one
+    python -m research.news_kfold [--folds 0 1 2 3 4] [--budget 30] [--threads 1] [--seed 1]
+    python -m research.news_kfold --folds 0 1 --budget 65 --length-mix '{"head_prob": 0.9}' --name head90 \\
+        --against research/results/news_kfold_65min.json     # another recipe, paired against the shipped one
 
 Why: on the fixed 431-document test split one document is 0.23 point, and a paired-bootstrap interval on
 the 1 KB gap spans about 2 points; pooled over every document the interval is several times narrower.
@@ -16,7 +16,7 @@ warmup+cosine fitted to --budget minutes of one core, CPU clock, so folds runnin
 comparable; the shipped model had 65 minutes), then its last weights are scored on fold K at every cut.
 Nothing is selected on the held-out fold.
 
-Rows merge into benchmarks/results/news_kfold_<budget>min[-<name>].json (<N>ep with --epochs) after
+Rows merge into research/results/news_kfold_<budget>min[-<name>].json (<N>ep with --epochs) after
 every fold (folds may run as parallel processes); each row keeps its per-document results, so the summary
 pools all held-out documents. A fold whose artifact exists at the same budget (or epochs) is scored
 again, not retrained. With --against, the summary also
@@ -36,8 +36,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.common import RESULTS, merge_fold_row
+from benchmarks.common import merge_fold_row
 from benchmarks.long_docs import GAP_AT, gap_difference, gap_interval, truncation_right
+from research import RESULTS
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS_ROOT = ROOT / "runs"
@@ -313,7 +314,7 @@ def main(argv: list[str] | None = None) -> None:
     base_rows: list[dict[str, Any]] | None = None
     if args.against is not None:
         if not args.against.is_file():
-            p.error(f"--against {args.against}: no such results file (e.g. benchmarks/results/news_kfold_65min.json)")
+            p.error(f"--against {args.against}: no such results file (e.g. research/results/news_kfold_65min.json)")
         base_rows = json.loads(args.against.read_text())["rows"]
     recipe = Recipe(
         budget_min=args.budget,
@@ -326,7 +327,7 @@ def main(argv: list[str] | None = None) -> None:
         epochs=args.epochs,
     )
     header = {
-        "benchmark": "python -m benchmarks.news_kfold",
+        "benchmark": "python -m research.news_kfold",
         "budget_min": None if args.epochs else args.budget,
         "recipe": recipe.describe(),
     }

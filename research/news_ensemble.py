@@ -1,17 +1,17 @@
 """Cross-validated accuracy vs length of an ensemble of lara-text-news recipes: on each held-out fold, the
-mean of the probabilities of fold models that `benchmarks.news_kfold` already trained (one per member
+mean of the probabilities of fold models that `research.news_kfold` already trained (one per member
 experiment), scored like `news_kfold` scores one model (every cut, pooled 1 KB gap, paired interval).
 
-    python -m benchmarks.news_ensemble --members 9ep-distill50-b65k-d64-attnpool \\
+    python -m research.news_ensemble --members 9ep-distill50-b65k-d64-attnpool \\
         9ep-distill50-b65k-d64-attnpool-s2 --folds 0 1 --name attnpool-s1s2 \\
-        --against benchmarks/results/news_kfold_9ep-distill50-b65k-d64-attnpool.json
+        --against research/results/news_kfold_9ep-distill50-b65k-d64-attnpool.json
 
-    python -m benchmarks.news_ensemble --final runs/news-O runs/news-O2 --split val --name attnpool-s1s2
+    python -m research.news_ensemble --final runs/news-O runs/news-O2 --split val --name attnpool-s1s2
         # final fits (model directories) as one ensemble on the fixed holdout (or --split test)
 
 A member is a news_kfold experiment tag (its runs are runs/news-kfold-<tag>/fold-K, its results
-benchmarks/results/news_kfold_<tag>.json). Nothing is trained here and nothing is selected on the held-out
-folds. Results: benchmarks/results/news_ensemble_<name>.{json,png}; the summary carries each member alone
+research/results/news_kfold_<tag>.json). Nothing is trained here and nothing is selected on the held-out
+folds. Results: research/results/news_ensemble_<name>.{json,png}; the summary carries each member alone
 on the same folds ("parts", dashed in the plot) and, with --against, the paired change in the 1 KB gap.
 """
 
@@ -26,7 +26,7 @@ import torch
 
 from benchmarks.common import merge_fold_row
 from benchmarks.long_docs import truncation_right
-from benchmarks.news_kfold import N_FOLDS, RESULTS_DIR, RUNS_ROOT, compare, plot, summarize
+from research.news_kfold import N_FOLDS, RESULTS_DIR, RUNS_ROOT, compare, plot, summarize
 
 
 def member_dir(tag: str, fold: int) -> Path:
@@ -37,7 +37,7 @@ def member_dir(tag: str, fold: int) -> Path:
     if not (path / "config.json").is_file():
         raise SystemExit(
             f"member {tag!r} has no fold-{fold} model at {path}: train it first with "
-            f"`python -m benchmarks.news_kfold --folds {fold} ...` and the name that gives the tag {tag!r}"
+            f"`python -m research.news_kfold --folds {fold} ...` and the name that gives the tag {tag!r}"
         )
     command = load_config(path)["training"]["command"]
     if f"--fold {fold}/{N_FOLDS}" not in command:
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     heads = [json.loads((RESULTS_DIR / f"news_kfold_{tag}.json").read_text()) for tag in args.members]
     epochs, budgets = {h.get("epochs") for h in heads}, {h.get("budget_min") for h in heads}
     header = {
-        "benchmark": "python -m benchmarks.news_ensemble",
+        "benchmark": "python -m research.news_ensemble",
         "budget_min": budgets.pop() if len(budgets) == 1 else None,  # the members' training, when they share it
         "epochs": epochs.pop() if len(epochs) == 1 else None,
         "name": f"ensemble {args.name}",

@@ -1,15 +1,15 @@
 """How much one look at the BBC test split can say about issue 9's 1 KB target, for each recipe measured.
 
-    python -m benchmarks.gap_power [--folds 0 1] [--test-docs 431] [--within 0.5] [--resamples 4000]
+    python -m research.gap_power [--folds 0 1] [--test-docs 431] [--within 0.5] [--resamples 4000]
 
 The target: on the test split (431 documents) accuracy at every cut from 1 KB up within 0.5 point of the
-best, i.e. at most 2 documents. For every cross-validation experiment already in benchmarks/results
+best, i.e. at most 2 documents. For every cross-validation experiment already in research/results
 (`news_kfold_<tag>.json`, and `news_ensemble_<name>.json` for ensembles), pooled over `--folds`: its 1 KB
 gap with a paired-bootstrap 95% interval, and the chance that a test split of `--test-docs` documents
 drawn from those held-out documents would show a gap of at most `--within` points
 (`benchmarks.long_docs.pass_probability`). The fold models learn from 4/5 of the documents, the final fit
 from the train split, so this treats the recipe, not one trained model, as the thing a test look samples.
-Nothing is trained or scored here. Writes benchmarks/results/gap_power.{json,png}.
+Nothing is trained or scored here. Writes research/results/gap_power.{json,png}.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import environment, markdown_table, write_json
+from benchmarks.common import environment, markdown_table
 from benchmarks.long_docs import GAP_AT, gap_interval, pass_probability
-from benchmarks.news_kfold import RESULTS_DIR, pooled_right, shared_cuts
+from research import write_json
+from research.news_kfold import RESULTS_DIR, pooled_right, shared_cuts
 
 # The names docs/long-documents.md gives the experiments (a tag not listed keeps its own name).
 RULES = {
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--within", type=float, default=0.5, help="the target: points the 1 KB cut may trail the best")
     ap.add_argument("--resamples", type=int, default=4000)
     ap.add_argument("--results", type=Path, default=RESULTS_DIR, help="where the experiments' results files are")
-    ap.add_argument("--out", default="gap_power", help="results file stem under benchmarks/results")
+    ap.add_argument("--out", default="gap_power", help="results file stem under research/results")
     args = ap.parse_args(argv)
     if args.test_docs < 1 or args.resamples < 1 or args.within < 0:
         ap.error("--test-docs and --resamples must be at least 1 and --within at least 0")

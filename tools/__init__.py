@@ -1,0 +1,1 @@
+"""Project tools that are not part of the served product: the MkDocs hook, the screenshot script."""
