@@ -150,6 +150,7 @@ class Batcher(Generic[P, R]):
         """
         if self._worker is None:
             raise ServeError(ErrorKind.NOT_READY, f"model {self.name!r} is not serving yet")
+        self._drop_done()  # places held by gone clients are free now, not when the worker is next idle
         if len(self._queue) + len(items) > self.policy.max_queue_size:
             raise ServeError(
                 ErrorKind.QUEUE_FULL,
