@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from server_helpers import MAX_LENGTH, TEXT
 
-from server.errors import ServeError
+from server.errors import ErrorKind, ServeError
 from server.preprocess import TRUNCATION_SIDES, cut, truncation_side
 
 pytestmark = pytest.mark.anyio
@@ -47,8 +47,9 @@ def test_truncation_side_parsing(value: object, side: str | None) -> None:
 
 @pytest.mark.parametrize("bad", ["middle", 1, 2.5, ["head"]])
 def test_truncation_side_refuses_unknown_values(bad: object) -> None:
-    with pytest.raises(ServeError, match="head, tail|head', 'tail"):
+    with pytest.raises(ServeError, match="head, tail|head', 'tail") as info:
         truncation_side(bad)
+    assert info.value.kind is ErrorKind.MALFORMED and repr(bad) in info.value.message
 
 
 async def _probs_classify(client: httpx.AsyncClient, body: bytes, truncate: str | None = None) -> dict:
