@@ -5,6 +5,7 @@ indices, so a test can read the batches' lengths off its own list."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from collections.abc import Callable
 
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 
 from server.batcher import Batcher, BatchPolicy, BatchResult
 from server.errors import ErrorKind, ServeError
+from server.settings import Settings
 
 pytestmark = pytest.mark.anyio
 
@@ -42,12 +44,14 @@ class Observer:
     def __init__(self) -> None:
         self.done: list[tuple[int, int]] = []  # (size, padded tokens)
         self.dropped: list[tuple[str, int]] = []
+        self.depths: list[int] = []
         self.on_depth: Callable[[int], None] = lambda depth: None
 
     def batch_done(self, size: int, padded_tokens: int, inference_s: float) -> None:
         self.done.append((size, padded_tokens))
 
     def queue_depth(self, depth: int) -> None:
+        self.depths.append(depth)
         self.on_depth(depth)
 
     def items_dropped(self, reason: str, count: int) -> None:
@@ -140,6 +144,18 @@ def test_equal_lengths_fill_the_budget_exactly(length: int, per_batch: int, coun
     )
 
 
+@pytest.mark.parametrize(
+    ("lengths", "expected"),
+    [
+        ([100, 3, 110], [[0, 2], [1]]),  # 110 shares the seed's bucket; 3 is five buckets away
+        ([10, 80, 2], [[0, 2], [1]]),  # below the seed counts by distance too: 2 is closer than 80
+    ],
+)
+async def test_batch_prefers_the_seeds_bucket(lengths: list[int], expected: list[list[int]]) -> None:
+    batches, _, _ = await run_lengths(lengths, max_batch_size=2, bucket_ratio=2.0)
+    assert batches == expected
+
+
 # -- cancelled work costs nothing ----------------------------------------------------------------------
 
 
@@ -194,6 +210,37 @@ async def test_item_cancelled_after_planning_is_not_computed() -> None:
     await batcher.stop()
 
 
+async def test_queue_depth_reports_follow_cancellations() -> None:
+    backend, observer = Recorder(), Observer()
+    backend.gate.clear()
+    batcher = make(backend, observer, max_batch_size=1)
+    running = batcher.submit([(0, 1)])[0]
+    await asyncio.to_thread(backend.started.wait, 5)
+    queued = batcher.submit([(1, 1), (2, 1)])
+    assert observer.depths[-1] == 2  # reported on submit
+    for future in queued:
+        future.cancel()
+    backend.gate.set()
+    await running
+    for _ in range(100):  # the worker drops the cancelled items once it is back
+        if batcher.depth == 0 and observer.depths[-1] == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert batcher.depth == 0 and observer.depths[-1] == 0  # a gauge left at 2 would lie forever
+    await batcher.stop()
+
+
+async def test_stop_waits_for_the_running_batch() -> None:
+    backend = Recorder()
+    backend.gate.clear()
+    batcher = make(backend)
+    batcher.submit([(0, 1)])
+    await asyncio.to_thread(backend.started.wait, 5)
+    threading.Timer(0.2, backend.gate.set).start()
+    await batcher.stop()
+    assert backend.batches == [[0]]  # the backend was not torn down under a running batch
+
+
 # -- policy validation ---------------------------------------------------------------------------------
 
 
@@ -216,6 +263,21 @@ def test_policy_refuses_impossible_limits(bad: dict[str, float]) -> None:
 def test_policy_accepts_the_smallest_allowed_limits() -> None:
     p = BatchPolicy(max_batch_size=1, max_batch_tokens=1, max_queue_size=1, max_queue_delay_s=0.0, bucket_ratio=1.01)
     assert (p.max_batch_size, p.max_batch_tokens, p.max_queue_size) == (1, 1, 1)
+
+
+def test_policy_defaults_are_the_servers_defaults_and_frozen() -> None:
+    fields = Settings.model_fields
+    assert BatchPolicy() == BatchPolicy(
+        max_batch_size=fields["max_batch_size"].default,
+        max_batch_tokens=fields["max_batch_tokens"].default,
+        max_queue_delay_s=fields["max_queue_delay_ms"].default / 1000,
+        max_queue_size=fields["max_queue_size"].default,
+        bucket_ratio=fields["length_bucket_ratio"].default,
+    )
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        BatchPolicy().max_batch_size = 0  # type: ignore[misc]  # shared by a model's batcher: never changed
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        BatchResult(1, 0.0, 0.0, 1).value = 2  # type: ignore[misc]
 
 
 def test_buckets_group_lengths_within_the_ratio() -> None:
@@ -277,3 +339,6 @@ async def test_retry_after_is_spread_over_one_to_two_base_periods() -> None:
     seen = {batcher.retry_after_s() for _ in range(200)}
     assert seen == {1, 2}  # empty queue, no batch measured yet: base 1 s, spread over [1, 2]
     await batcher.stop()
+    slow = make(Recorder(), max_queue_delay_s=2.5)  # base: ceil(2.5 s of delay) = 3
+    assert {slow.retry_after_s() for _ in range(200)} == {3, 4, 5, 6}
+    await slow.stop()
