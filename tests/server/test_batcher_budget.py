@@ -7,12 +7,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
+import time
+import types
 from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from server import batcher as batcher_module
 from server.batcher import Batcher, BatchPolicy, BatchResult
 from server.errors import ErrorKind, ServeError
 from server.settings import Settings
@@ -342,3 +345,34 @@ async def test_retry_after_is_spread_over_one_to_two_base_periods() -> None:
     slow = make(Recorder(), max_queue_delay_s=2.5)  # base: ceil(2.5 s of delay) = 3
     assert {slow.retry_after_s() for _ in range(200)} == {3, 4, 5, 6}
     await slow.stop()
+
+
+async def test_retry_after_follows_the_moving_average_of_batch_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A clock the backend moves on: batches 'take' 20 s and 52.5 s, so the average (0.8 old + 0.2 new)
+    is 26.5 s, and one batch waiting ahead means Retry-After in [27, 54]."""
+    skew = [0.0]
+    monkeypatch.setattr(
+        batcher_module, "time", types.SimpleNamespace(perf_counter=lambda: time.perf_counter() + skew[0])
+    )
+    steps = iter([20.0, 52.5])
+    backend = Recorder()
+
+    def timed(payloads: list[int]) -> list[int]:
+        skew[0] += next(steps, 0.0)
+        return backend(payloads)
+
+    batcher: Batcher[int, int] = Batcher("m", timed, BatchPolicy(max_batch_size=1, max_queue_delay_s=0.0))
+    batcher.start()
+    (first,) = await asyncio.gather(*batcher.submit([(0, 1)]))
+    await asyncio.gather(*batcher.submit([(1, 1)]))
+    assert 20.0 <= first.inference_s < 20.5 and first.batch_size == 1
+    backend.gate.clear()
+    backend.started.clear()
+    held = batcher.submit([(2, 1)])
+    assert await asyncio.to_thread(backend.started.wait, 5)
+    waiting = batcher.submit([(3, 1)])  # one batch ahead of a newcomer
+    hints = [batcher.retry_after_s() for _ in range(300)]
+    assert min(hints) == 27 and max(hints) <= 54
+    backend.gate.set()
+    await asyncio.gather(*held, *waiting)
+    await batcher.stop()
