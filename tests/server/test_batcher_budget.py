@@ -159,6 +159,17 @@ async def test_batch_prefers_the_seeds_bucket(lengths: list[int], expected: list
     assert batches == expected
 
 
+async def test_items_arriving_during_the_delay_join_the_batch() -> None:
+    backend = Recorder()
+    batcher = make(backend, max_batch_size=8, max_queue_delay_s=0.3)
+    first = batcher.submit([(0, 1)])
+    await asyncio.sleep(0.05)  # the worker is waiting for the delay: the event loop must stay free
+    second = batcher.submit([(1, 1)])
+    await asyncio.gather(*first, *second)
+    assert backend.batches == [[0, 1]]
+    await batcher.stop()
+
+
 # -- cancelled work costs nothing ----------------------------------------------------------------------
 
 

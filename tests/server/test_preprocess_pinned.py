@@ -93,6 +93,12 @@ def test_tensor_rows_at_and_over_max_length(text_config: ModelConfig) -> None:
     assert info.value.kind is ErrorKind.TOO_LARGE and f"has {MAX_LENGTH + 1} tokens" in info.value.message
     (tail,) = text_items_from_tensors(over, text_config, "tail")
     assert tail.arrays[IDS].tolist() == [1 + i % 200 for i in range(1, MAX_LENGTH + 1)] and tail.truncated
+    # The mask is cut on the same side as the ids: a zero near the head moves with the cut.
+    mask = [[1, 1, 0] + [1] * (MAX_LENGTH - 2)]
+    (head,) = text_items_from_tensors({**over, MASK: np.array(mask)}, text_config, "head")
+    (tail,) = text_items_from_tensors({**over, MASK: np.array(mask)}, text_config, "tail")
+    assert head.arrays[MASK].tolist()[:4] == [1, 1, 0, 1] and tail.arrays[MASK].tolist()[:3] == [1, 0, 1]
+    assert len(head.arrays[MASK]) == len(tail.arrays[MASK]) == MAX_LENGTH
 
 
 def test_text_bytes_become_offset_ids_and_the_limit_is_inclusive() -> None:
