@@ -37,4 +37,38 @@ COVERING_TESTS: dict[str, list[str]] = {
 
 # Mutant key (see operators.Mutant.key) -> why the mutant cannot change what any caller observes. These
 # are reported, not run, and left out of the score. Keep the reason specific: a reviewer checks each one.
-EQUIVALENT: dict[str, str] = {}
+_TRIM = "_TRIM_PIXELS = 1 << 20  # decodes this large leave buffers worth handing back to the OS#0"
+_TRIM_WHY = (
+    "changes only after which decodes freed memory is handed back to the OS (malloc_trim); no result, "
+    "error or wait changes"
+)
+_FALLBACK = "return ErrorKind.MALFORMED if 400 <= status < 500 else ErrorKind.BACKEND_FAILURE#0"
+_FALLBACK_WHY = (
+    "moves the 400/500 boundary of the fallback, but 400 and 500 are in HTTP_STATUS and return from the loop "
+    "above: the fallback never sees them"
+)
+EQUIVALENT: dict[str, str] = {
+    "server.batcher:_Entry:False -> True:@dataclass(eq=False)#0": (
+        "entries are compared only by id() (the taken and gone sets); no ==, no hashing of an _Entry"
+    ),
+    f"server.preprocess:<module>:1 -> 2:{_TRIM}": _TRIM_WHY,
+    f"server.preprocess:<module>:1 -> 0:{_TRIM}": _TRIM_WHY,
+    f"server.preprocess:<module>:20 -> 21:{_TRIM}": _TRIM_WHY,
+    "server.preprocess:_malloc_trim:return x -> return None:"
+    'return ctypes.CDLL("libc.so.6").malloc_trim  # type: ignore[no-any-return]#0': _TRIM_WHY,
+    "server.preprocess:image_item:0 -> 1:held = budget.acquire(width * height) if budget is not None else 0#0": (
+        "`held` is used only by budget.release, which runs only when there is a budget"
+    ),
+    "server.preprocess:image_item:0 -> -1:held = budget.acquire(width * height) if budget is not None else 0#0": (
+        "`held` is used only by budget.release, which runs only when there is a budget"
+    ),
+    "server.v2_codec:_from_json:Raise -> pass:"
+    'raise invalid(f"input {name!r}: BYTES strings must be valid Unicode") from None#0': (
+        "unreachable: the JSON parser (schemas.parse_body) already refuses lone surrogates, the only strings "
+        "that cannot be encoded as UTF-8"
+    ),
+    f"server.errors:kind_for_status:<= -> <:{_FALLBACK}": _FALLBACK_WHY,
+    f"server.errors:kind_for_status:< -> <=:{_FALLBACK}": _FALLBACK_WHY,
+    f"server.errors:kind_for_status:400 -> 401:{_FALLBACK}": _FALLBACK_WHY,
+    f"server.errors:kind_for_status:500 -> 501:{_FALLBACK}": _FALLBACK_WHY,
+}

@@ -20,9 +20,9 @@ occurrence of that triple), so the hand-made list survives edits elsewhere in th
 from __future__ import annotations
 
 import ast
-import copy
+import functools
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 _CMP_SWAP: dict[type[ast.cmpop], type[ast.cmpop]] = {
     ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
@@ -48,16 +48,20 @@ class Mutant:
     change: str  # e.g. "> -> >="
     source_line: str  # the original line, stripped
     occurrence: int  # how many earlier mutants share (function, change, source_line)
-    source: str  # the whole mutated module
+    render: Callable[[], str] = field(repr=False, compare=False)
+
+    @property
+    def source(self) -> str:
+        """The whole mutated module (rendered on demand: a module has hundreds of mutants)."""
+        return self.render()
 
     @property
     def key(self) -> str:
         return f"{self.module}:{self.function}:{self.change}:{self.source_line}#{self.occurrence}"
 
 
-# A site: (node, what to replace it with, operator, change description). Mutations are applied to a deep
-# copy of the tree, found again by the site's index in a deterministic walk.
-Apply = Callable[[ast.AST], ast.AST | None]
+# How a site is mutated: changes the node in place and returns it, or returns the node that replaces it.
+Apply = Callable[[ast.AST], ast.AST]
 
 
 def _sites(node: ast.AST) -> Iterator[tuple[str, str, Apply]]:
@@ -101,7 +105,9 @@ def _constant_sites(value: object) -> Iterator[tuple[str, str, Apply]]:
 
 def _set_cmp(index: int, new: type[ast.cmpop]) -> Apply:
     def apply(node: ast.AST) -> ast.AST:
-        node.ops[index] = new()  # type: ignore[attr-defined]
+        ops = list(node.ops)  # type: ignore[attr-defined]  # a new list: the original is restored as it was
+        ops[index] = new()
+        node.ops = ops  # type: ignore[attr-defined]
         return node
 
     return apply
@@ -169,49 +175,55 @@ def _walk(tree: ast.AST) -> Iterator[tuple[ast.AST, str]]:
 
 
 def mutants(module: str, source: str) -> list[Mutant]:
-    """All mutants of `source` (the text of module `module`)."""
+    """All mutants of `source` (the text of module `module`); each renders its source only when asked."""
     tree = ast.parse(source)
     lines = source.splitlines()
+    parents = _parents(tree)
     found: list[Mutant] = []
     seen: dict[tuple[str, str, str], int] = {}
-    for index, (node, scope) in enumerate(_walk(tree)):
+    for node, scope in _walk(tree):
         for operator, change, apply in _sites(node):
-            mutated = _apply_at(tree, index, apply)
-            if mutated is None:
-                continue
             line = getattr(node, "lineno", 0)
             text = lines[line - 1].strip() if line else ""
             n = seen.get((scope, change, text), 0)
             seen[(scope, change, text)] = n + 1
-            found.append(Mutant(module, line, scope, operator, change, text, n, mutated))
+            render = functools.partial(_render, tree, parents, node, apply)
+            found.append(Mutant(module, line, scope, operator, change, text, n, render))
     return found
 
 
-def _apply_at(tree: ast.Module, index: int, apply: Apply) -> str | None:
-    """The module's source with the node at walk position `index` replaced by apply(copy of it)."""
-    clone = copy.deepcopy(tree)
-    target = next(node for i, (node, _) in enumerate(_walk(clone)) if i == index)
-    replacement = apply(target)
-    if replacement is None:
-        return None
-    if replacement is not target and not _replace(clone, target, replacement):
-        return None
-    ast.fix_missing_locations(clone)
-    try:
-        return ast.unparse(clone)
-    except (ValueError, AttributeError):
-        return None
+_Slot = tuple[ast.AST, str, int | None]  # parent, field, index in the field's list (None: not a list)
 
 
-def _replace(tree: ast.AST, old: ast.AST, new: ast.AST) -> bool:
+def _parents(tree: ast.AST) -> dict[int, _Slot]:
+    slots: dict[int, _Slot] = {}
     for parent in ast.walk(tree):
-        for field, value in ast.iter_fields(parent):
-            if value is old:
-                setattr(parent, field, new)
-                return True
+        for name, value in ast.iter_fields(parent):
             if isinstance(value, list):
-                for i, item in enumerate(value):
-                    if item is old:
-                        value[i] = new
-                        return True
-    return False
+                slots.update((id(item), (parent, name, i)) for i, item in enumerate(value) if isinstance(item, ast.AST))
+            elif isinstance(value, ast.AST):
+                slots[id(value)] = (parent, name, None)
+    return slots
+
+
+def _put(slot: _Slot, node: ast.AST) -> None:
+    parent, name, index = slot
+    if index is None:
+        setattr(parent, name, node)
+    else:
+        getattr(parent, name)[index] = node
+
+
+def _render(tree: ast.Module, parents: dict[int, _Slot], node: ast.AST, apply: Apply) -> str:
+    """The module's source with `node` mutated by `apply`; the shared tree is restored afterwards."""
+    saved = dict(vars(node))
+    slot = parents[id(node)]
+    try:
+        replacement = apply(node)
+        if replacement is not node:
+            _put(slot, replacement)
+        return ast.unparse(tree)
+    finally:
+        _put(slot, node)
+        vars(node).clear()
+        vars(node).update(saved)
