@@ -67,6 +67,10 @@ EQUIVALENT: dict[str, str] = {
         "unreachable: the JSON parser (schemas.parse_body) already refuses lone surrogates, the only strings "
         "that cannot be encoded as UTF-8"
     ),
+    "clients.loadtest.report:Cell:False -> True:latencies_ms: list[float] = field(default_factory=list, "
+    "repr=False)  # for CDF plots; not serialized#0": (
+        "changes only repr(Cell), which the load tester never prints or writes (reports use to_dict)"
+    ),
     f"server.errors:kind_for_status:<= -> <:{_FALLBACK}": _FALLBACK_WHY,
     f"server.errors:kind_for_status:< -> <=:{_FALLBACK}": _FALLBACK_WHY,
     f"server.errors:kind_for_status:400 -> 401:{_FALLBACK}": _FALLBACK_WHY,

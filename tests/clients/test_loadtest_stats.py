@@ -89,3 +89,22 @@ def test_error_rate_threshold_is_exceeded_only_above_it() -> None:
     (failure,) = Report({}, [TARGET], cells, fail_on_error_rate=0.49).failures
     assert failure == "m predict 3 B c=1: 1/2 errors {'200': 1, '500': 1}"
     assert Report({}, [TARGET], cells, fail_on_error_rate=0.49).to_dict()["passed"] is False
+
+
+def test_rounding_and_short_runs() -> None:
+    samples = [sample(0.0, 12.34567, batch_size=1), sample(0.1, 20.0, batch_size=2), sample(0.2, 30.0, batch_size=2)]
+    cell = summarize(TARGET, "predict", GROUP, LoadPoint.closed(1), CellRun(samples, 0.5, "requests"))
+    assert cell.throughput_rps == 6.0  # a run shorter than a second still has a rate
+    assert cell.p50_ms == 20.0 and cell.max_ms == 30.0 and min(cell.latencies_ms) == pytest.approx(12.34567)
+    assert cell.mean_ms == round((12.34567 + 50.0) / 3, 3)  # figures keep three decimals (microseconds)
+    assert cell.batch_size_mean == 1.67  # batch sizes two
+
+
+def test_skipped_cells_and_the_default_threshold() -> None:
+    skipped = skipped_cell(TARGET, "v2-json", GROUP, LoadPoint.open(5.0), "exceeded the limit")
+    assert skipped.skipped == "exceeded the limit" and skipped.route == "v2-json"
+    assert (skipped.requests, skipped.ok, skipped.errors, skipped.error_rate, skipped.p50_ms) == (0, 0, 0, None, None)
+    one_error = summarize(TARGET, "predict", GROUP, LoadPoint.closed(1),
+                          CellRun([sample(0.0, 1.0)] * 99 + [sample(0.1, 1.0, "500")], 1.0, "requests"))  # fmt: skip
+    assert one_error.error_rate == 0.01
+    assert len(Report({}, [TARGET], [one_error, skipped]).failures) == 1  # by default any error fails the run
