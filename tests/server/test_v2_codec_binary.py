@@ -167,6 +167,13 @@ def test_json_values_at_the_edges_of_their_type_are_kept() -> None:
         assert array.tolist() == data and array.dtype == NUMERIC_DTYPES[datatype]
 
 
+def test_empty_json_tensors_decode_with_their_dtype() -> None:
+    for datatype in ("INT64", "FP32", "BYTES"):
+        raw, n = body(({"name": "v", "datatype": datatype, "shape": [0, 2], "data": []}, None))
+        array = decode_request(raw, n).tensors[0].array
+        assert array.shape == (0, 2) and (datatype == "BYTES" or array.dtype == NUMERIC_DTYPES[datatype])
+
+
 def test_nested_json_data_is_flattened_in_row_major_order() -> None:
     raw, n = body(({"name": "v", "datatype": "INT64", "shape": [2, 2], "data": [[1, 2], [3, 4]]}, None))
     assert decode_request(raw, n).tensors[0].array.tolist() == [[1, 2], [3, 4]]
