@@ -51,6 +51,9 @@ EQUIVALENT: dict[str, str] = {
     "server.batcher:_Entry:False -> True:@dataclass(eq=False)#0": (
         "entries are compared only by id() (the taken and gone sets); no ==, no hashing of an _Entry"
     ),
+    "server.batcher:Batcher._expire:return x -> return None:return False#0": (
+        "the only caller tests the result for truth (`if self._expire(batch)`): None and False are alike"
+    ),
     f"server.preprocess:<module>:1 -> 2:{_TRIM}": _TRIM_WHY,
     f"server.preprocess:<module>:1 -> 0:{_TRIM}": _TRIM_WHY,
     f"server.preprocess:<module>:20 -> 21:{_TRIM}": _TRIM_WHY,
