@@ -24,7 +24,7 @@ def sample(scheduled: float, latency_ms: float, status: str = "200", lag_ms: flo
 
 
 @given(values=st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=50), q=st.sampled_from([0, 1, 50, 90, 95, 99, 100]))
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 def test_percentile_is_numpys_linear_interpolation(values: list[float], q: float) -> None:
     assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)), rel=1e-9, abs=1e-6)
 

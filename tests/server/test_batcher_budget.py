@@ -117,7 +117,7 @@ async def test_size_cap_and_budget_together() -> None:
     assert batches == [[0, 1, 2], [3, 4, 5], [6]]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     data=st.data(),
     budget=st.integers(1, 120),

@@ -250,7 +250,7 @@ def consistent_input(draw: st.DrawFn, index: int) -> tuple[dict[str, Any], bytes
 _CORRUPTIONS = ["none", "drop_last_byte", "extra_byte", "size_plus_one", "size_minus_one", "shape_grows", "size_bool"]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(data=st.data(), n_inputs=st.integers(1, 3), corruption=st.sampled_from(_CORRUPTIONS))
 def test_fuzzed_consistent_bodies_decode_or_get_a_named_4xx(
     data: st.DataObject, n_inputs: int, corruption: str
