@@ -34,11 +34,14 @@ def sample(found: list[Mutant], limit: int | None) -> list[Mutant]:
     return [m for m in found if m.key in chosen]
 
 
-def mutate_module(path: str, root: Path, limit: int | None, timeout_s: float | None, verbose: bool) -> dict[str, Any]:
+def mutate_module(
+    path: str, root: Path, limit: int | None, timeout_s: float | None, verbose: bool, only: set[str] | None = None
+) -> dict[str, Any]:
+    """Run the chosen mutants of one module (`only`: just these keys, e.g. to recheck timeouts)."""
     module = path.removesuffix(".py").replace("/", ".")
     original = (root / path).read_text()
     all_found = mutants(module, original)
-    chosen = sample(all_found, limit)
+    chosen = [m for m in sample(all_found, limit) if only is None or m.key in only]
     tests = [t for t in COVERING_TESTS[path] if (root / t).exists()]
     # The fused onnxruntime kernel is compiled once and cached by its sources AND flags: the include path
     # of the project's headers keeps the flags (so the cached build) the same in every scratch copy.
@@ -105,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--doc", type=Path, default=DOC)
     parser.add_argument("--rescore", action="store_true", help="only recount the stored runs with the current "
                         "EQUIVALENT list and rewrite the report")  # fmt: skip
+    parser.add_argument("--recheck-timeouts", action="store_true", help="run again, with --timeout, only the "
+                        "mutants of the stored --label run that timed out (a loaded machine can time out a survivor)")  # fmt: skip
     parser.add_argument("-q", "--quiet", action="store_true")
     args = parser.parse_args(argv)
     data = json.loads(args.results.read_text()) if args.results.exists() else {"runs": {}}
@@ -112,6 +117,16 @@ def main(argv: list[str] | None = None) -> int:
         for run in data["runs"].values():
             for result in run.values():
                 rescore(result)
+    elif args.recheck_timeouts:
+        for path in args.module or sorted(COVERING_TESTS):
+            stored = data["runs"][args.label][path]
+            timed_out = {m["key"] for m in stored["mutants"] if m["status"] == "timeout"}
+            fresh = mutate_module(path, args.root, stored["limit"], args.timeout, not args.quiet, only=timed_out)
+            redone = {m["key"]: m for m in fresh["mutants"]}
+            stored["mutants"] = [redone.get(m["key"], m) for m in stored["mutants"]]
+            stored["rechecked_timeouts_s"] = fresh["per_mutant_timeout_s"]
+            rescore(stored)
+            _save(data, args.results, args.doc)
     else:
         for path in args.module or sorted(COVERING_TESTS):
             result = mutate_module(path, args.root, args.limit, args.timeout, not args.quiet)

@@ -64,7 +64,10 @@ def _score(result: dict[str, Any] | None) -> str:
     if result["score"] is None:
         return "n/a"
     total = result["killed"] + result["survived"]
-    return f"{result['killed']}/{total} = {100 * result['score']:.0f}%"
+    timeouts = sum(m["status"] == "timeout" for m in result["mutants"])
+    return f"{result['killed']}/{total} = {100 * result['score']:.0f}%" + (
+        f" ({timeouts} by timeout)" if timeouts else ""
+    )
 
 
 def _cell(text: str) -> str:
