@@ -63,6 +63,12 @@ def test_numeric_and_bytes_inputs_decode_in_order() -> None:
     assert [t.name for t in decoded.tensors] == ["a", "j", "b", "c", "d"]
 
 
+def test_an_empty_last_bytes_element_is_complete() -> None:
+    # Its 4-byte prefix (of 0) ends the data exactly: nothing is truncated.
+    raw, n = body(binary("c", "BYTES", [2], strings(b"x", b"")))
+    assert decode_request(raw, n).tensors[0].array.tolist() == [b"x", b""]
+
+
 def test_header_length_equal_to_the_body_means_no_binary_part() -> None:
     raw, _ = body(({"name": "j", "datatype": "INT64", "shape": [1], "data": [3]}, None))
     assert decode_request(raw, len(raw)).tensors[0].array.tolist() == [3]
