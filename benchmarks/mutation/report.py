@@ -38,6 +38,8 @@ def write_markdown(data: dict[str, Any], path: Path) -> None:
         tests = ", ".join(f"`{t}`" for t in latest["tests"])
         lines.append(f"| `{module}` | {latest['mutants_run']} ({latest['mutants_total']}) | {' | '.join(cells)} | "
                      f"{tests} |")  # fmt: skip
+    if data.get("notes"):
+        lines += ["", "Notes on these runs:", ""] + [f"- {note}" for note in data["notes"]]
     last = runs[labels[-1]] if labels else {}
     lines += ["", f"## Surviving mutants ({labels[-1] if labels else 'none'})", ""]
     for module, result in sorted(last.items()):
