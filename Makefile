@@ -84,6 +84,12 @@ docs: $(STAMP)
 screenshot: $(STAMP)
 	$(PY) -m tools.screenshot
 
+# Mutation testing of the core server modules (docs/mutation.md); not part of `make test` (hours on 2 cores).
+# One module, a fixed subset: make mutate MUTATE_ARGS="--module server/batcher.py --limit 60"
+.PHONY: mutate
+mutate: $(STAMP)
+	$(PY) -m benchmarks.mutation $(MUTATE_ARGS)
+
 # The lean serving install: pyproject's base dependencies only (about 230 MB, no torch/triton/dev tools).
 # A venv that already has the full install ([dev]) is a superset and is used as it is.
 $(SERVE_STAMP): pyproject.toml

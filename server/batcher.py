@@ -176,6 +176,7 @@ class Batcher(Generic[P, R]):
         if self._worker is None:
             what = "was stopped (unloaded or shutting down)" if self._stopping else "is not serving yet"
             raise ServeError(ErrorKind.NOT_READY, f"model {self.name!r} {what}; retry", retry_after_s=1)
+        self._drop_done()  # places held by gone clients are free now, not when the worker is next idle
         if len(self._queue) + len(items) > self.policy.max_queue_size:
             raise ServeError(
                 ErrorKind.QUEUE_FULL,

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -65,7 +66,10 @@ def test_mixed_sweep_writes_json_csv_and_charts(url: str, tmp_path: Path, capsys
         assert c["requests"] == 6 and c["errors"] == 0 and c["statuses"] == {"200": 6}
         assert 0 < c["p50_ms"] <= c["p90_ms"] <= c["p95_ms"] <= c["p99_ms"] <= c["max_ms"]
         assert c["throughput_rps"] > 0 and c["batch_size_mean"] >= 1 and c["server_inference_ms_p50"] > 0
-        assert c["server_queue_ms_p50"] is not None and c["server_total_ms_p50"] <= c["max_ms"]
+        assert 0 <= c["server_queue_ms_p50"] <= c["server_total_ms_p50"] <= c["max_ms"]
+        assert c["ok"] == 6 and c["error_rate"] == 0.0 and c["backend"] == "lara_onnxruntime"
+        # throughput is completed requests over the cell's wall time
+        assert c["throughput_rps"] == pytest.approx(6 / c["duration_s"], rel=0.02)
     assert "***" in report["settings"]["argv"] and KEY not in json.dumps(report)
 
     with (tmp_path / "report.csv").open() as f:
@@ -97,27 +101,35 @@ def test_open_loop_and_images_and_files(url: str, tmp_path: Path) -> None:
     assert len(cells) == 4 and {c["input"] for c in cells} == {"files"}
     for c in cells:
         assert c["mode"] == "open" and c["arrival"] == "constant" and c["max_in_flight"] == 4
-        assert c["ok"] == 6 and c["send_lag_p99_ms"] is not None and c["send_lag_p50_ms"] >= 0
+        assert c["ok"] == 6 and 0 <= c["send_lag_p50_ms"] <= c["send_lag_p99_ms"] <= c["send_lag_max_ms"]
         # Six requests at a constant rate take about 5/rate seconds to send.
         assert c["duration_s"] >= 5 / c["rate"] * 0.9
     assert (out / "latency_vs_load.png").is_file() and not (out / "latency_vs_length.png").exists()
 
 
+def colour_pixels(png: Path, colour: Any) -> int:
+    """How many pixels of the chart have (within a few levels) this matplotlib colour."""
+    from matplotlib.colors import to_rgb
+
+    rgb = np.asarray(Image.open(png).convert("RGB"), dtype=np.int16)  # [H, W, 3]
+    target = np.round(np.array(to_rgb(colour)) * 255).astype(np.int16)
+    return int((np.abs(rgb - target).max(axis=-1) <= 8).sum())
+
+
 def test_two_models_on_one_chart(url: str, tmp_path: Path) -> None:
     from clients.loadtest import charts
-    from clients.loadtest.report import Cell
 
     assert run(url, "--model", "tiny-text", "--model", "tiny-text-b", "--lengths", "16,64", "--concurrency", "2",
                "--out", str(tmp_path)) == 0  # fmt: skip
     report = strict_json(tmp_path / "report.json")
     assert [t["label"] for t in report["targets"]] == ["tiny-text", "tiny-text-b"]
-    assert all(t["task"] == "text" and t["backend"] for t in report["targets"])
-    cells = [Cell(**{k: v for k, v in c.items()}) for c in report["cells"]]
-    fig, ax = charts.plt.subplots()
-    charts._plot(ax, cells, lambda c: c.input_bytes or 1.0, lambda c: c.load, "p50_ms", band=True)
-    _, labels = ax.get_legend_handles_labels()
-    assert labels == ["tiny-text", "tiny-text-b"]  # one line per model, same axes
-    charts.plt.close(fig)
+    assert all(t["task"] == "text" and t["backend"] == "lara_onnxruntime" for t in report["targets"])
+    assert sorted((c["target"], c["input"]) for c in report["cells"]) == [
+        ("tiny-text", "16 B"), ("tiny-text", "64 B"), ("tiny-text-b", "16 B"), ("tiny-text-b", "64 B")]  # fmt: skip
+    # The chart the run wrote has a line in each model's colour (the first two of the colour cycle).
+    first, second = charts.plt.rcParams["axes.prop_cycle"].by_key()["color"][:2]
+    chart = tmp_path / "latency_vs_length.png"
+    assert colour_pixels(chart, first) > 100 and colour_pixels(chart, second) > 100
 
 
 def test_stopped_server_fails_clearly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -194,6 +206,9 @@ def test_loopback_only_unless_allowed(capsys: pytest.CaptureFixture[str]) -> Non
     assert main(["--url", "http://10.0.0.1:8000", "--model", "m"]) == 2
     assert "--allow-remote" in capsys.readouterr().err
     assert len(make_doc(2048, 0).encode()) == 2048 and make_doc(100, 1) == make_doc(100, 1)
+    docs = {make_doc(100, seed) for seed in range(8)}
+    assert len(docs) == 8 and all(len(d) == 100 and d.isascii() for d in docs)  # seeds give different texts
+    assert len(set(make_doc(300, 3).split())) > 5  # words, not one repeated token
 
 
 def test_time_limit_skips_longer_inputs_and_heavier_loads(url: str, tmp_path: Path) -> None:

@@ -133,7 +133,9 @@ async def test_wrong_result_count_is_a_batch_error() -> None:
     batcher: Batcher[int, int] = Batcher("m", lambda p: [0], policy(max_queue_delay_s=0.05))
     batcher.start()
     results = await asyncio.gather(*batcher.submit([(1, 1), (2, 1)]), return_exceptions=True)
-    assert all(isinstance(r, ServeError) for r in results)
+    for r in results:
+        assert isinstance(r, ServeError) and r.kind is ErrorKind.BACKEND_FAILURE
+        assert "run_batch returned 1 results for 2 items" in r.message
     await batcher.stop()
 
 
@@ -147,6 +149,7 @@ async def test_full_queue_refuses_with_retry_after() -> None:
     with pytest.raises(ServeError) as info:
         batcher.submit([(3, 1)])
     assert info.value.kind is ErrorKind.QUEUE_FULL and info.value.retry_after_s >= 1
+    assert "is full (2 of 2 items waiting, request has 1)" in info.value.message
     backend.gate.set()
     await asyncio.gather(*held, *queued)
     await batcher.stop()
@@ -154,14 +157,15 @@ async def test_full_queue_refuses_with_retry_after() -> None:
 
 async def test_stop_fails_pending_items_and_submit_needs_start() -> None:
     batcher: Batcher[int, int] = Batcher("m", FakeBackend(), policy(max_queue_delay_s=10.0, max_batch_size=8))
-    with pytest.raises(ServeError):
+    with pytest.raises(ServeError, match="model 'm' is not serving yet") as not_started:
         batcher.submit([(1, 1)])
+    assert not_started.value.kind is ErrorKind.NOT_READY
     batcher.start()
     pending = batcher.submit([(1, 1)])[0]
     await batcher.stop()
     with pytest.raises(ServeError) as info:
         await pending
-    assert info.value.kind is ErrorKind.NOT_READY
+    assert info.value.kind is ErrorKind.NOT_READY and "shutting down" in info.value.message
 
 
 @settings(max_examples=25, deadline=None)

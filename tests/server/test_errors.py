@@ -57,6 +57,13 @@ def binary_raw(element: bytes, prefix: int | None = None, extra: bytes = b"") ->
     return {"content": head + blob + extra, "headers": {HL: str(len(head))}}
 
 
+def binary_tensor(name: str, datatype: str, shape: list[int], blob: bytes, size: Any = None) -> dict[str, Any]:
+    """One input in the binary extension; `size` overrides its binary_data_size (a lying header)."""
+    params = {"binary_data_size": len(blob) if size is None else size}
+    head = json.dumps({"inputs": [{"name": name, "datatype": datatype, "shape": shape, "parameters": params}]})
+    return {"content": head.encode() + blob, "headers": {HL: str(len(head.encode()))}}
+
+
 def text_body(content: bytes, media: str = "text/plain") -> dict[str, Any]:
     return {"content": content, "headers": {"content-type": media}}
 
@@ -66,7 +73,14 @@ CASES: list[tuple[str, str, str, dict[str, Any], int, str]] = [
     ("bad-json-v1", "POST", V1, {"content": b"{not json"}, 400, "instances"),
     ("instances-not-list", "POST", V1, {"json": {"instances": "x"}}, 400, "instances"),
     ("no-instances", "POST", V1, {"json": {"instances": []}}, 400, "instances"),
-    ("truncate-not-bool-v1", "POST", V1, {"json": {"instances": ["a"], "parameters": {"truncate": "yes"}}}, 400, ""),
+    (
+        "truncate-not-bool-v1",
+        "POST",
+        V1,
+        {"json": {"instances": ["a"], "parameters": {"truncate": "yes"}}},
+        400,
+        "parameters.truncate",
+    ),
     ("bad-json-v2", "POST", V2, {"content": b"[1, 2"}, 400, "JSON"),
     ("no-inputs", "POST", V2, {"json": {"inputs": []}}, 400, "inputs"),
     ("no-data", "POST", V2, v2({"name": "raw", "datatype": "BYTES", "shape": [1]}), 400, "binary_data_size"),
@@ -86,7 +100,14 @@ CASES: list[tuple[str, str, str, dict[str, Any], int, str]] = [
     ("wrong-media-type", "POST", f"/v1/models/{TEXT}:classify", text_body(b"a", "application/json"), 415, "text/plain"),
     # No Content-Type: the body is sniffed (issue 12); bytes that are neither text nor an image are refused.
     ("no-media-type", "POST", f"/v1/models/{IMAGE}:classify", {"content": bytes(range(256))}, 415, "image/png"),
-    ("image-to-text-model", "POST", f"/v1/models/{TEXT}:classify", text_body(png_bytes(), "image/png"), 415, ""),
+    (
+        "image-to-text-model",
+        "POST",
+        f"/v1/models/{TEXT}:classify",
+        text_body(png_bytes(), "image/png"),
+        415,
+        "'image/png' of the body not accepted by text model",
+    ),
     # Declared charsets are decoded (issue 12); an unknown one is refused.
     (
         "bad-charset",
@@ -103,6 +124,33 @@ CASES: list[tuple[str, str, str, dict[str, Any], int, str]] = [
     ("bad-utf8", "POST", V2, binary_raw(b"\xff"), 422, "UTF-8"),
     ("bytes-prefix-overrun", "POST", V2, binary_raw(b"ab", prefix=9), 422, "runs past"),
     ("blob-left-over", "POST", V2, binary_raw(b"ab", extra=b"zz"), 400, "after the last"),
+    (
+        "one-element-for-two",
+        "POST",
+        V2,
+        binary_tensor("raw", "BYTES", [2], struct.pack("<I", 1) + b"a"),
+        422,
+        "needs 2 BYTES elements, got 1",
+    ),
+    ("short-prefix", "POST", V2, binary_tensor("raw", "BYTES", [1], b"\x01\x00"), 422, "truncated BYTES length"),
+    (
+        "ids-size-mismatch",
+        "POST",
+        V2,
+        binary_tensor("input_ids", "INT64", [1, 2], b"\x05" + b"\x00" * 7),
+        422,
+        "needs 16 bytes, got 8",
+    ),
+    (
+        "binary-size-bool",
+        "POST",
+        V2,
+        binary_tensor("raw", "BYTES", [1], struct.pack("<I", 1) + b"a", size=True),
+        400,
+        "binary_data_size=True",
+    ),
+    ("binary-size-negative", "POST", V2, binary_tensor("raw", "BYTES", [1], b"", size=-1), 400, "binary_data_size=-1"),
+    ("float-ids", "POST", V2, v2(ids([[5.0]], [1, 1])), 422, "integers"),
     ("wrong-input-name", "POST", V2, v2({**raw("a"), "name": "text"}), 422, "raw"),
     ("raw-plus-ids", "POST", V2, v2(raw("a"), ids([[5]], [1, 1])), 422, "alone"),
     ("wrong-dtype", "POST", V2, v2(ids([[5]], [1, 1], "INT32")), 422, "INT64"),
@@ -138,6 +186,7 @@ async def test_error_table(
     response = await shared_client.request(method, path, **kwargs)
     assert response.status_code == status, response.text
     body = response.json()
+    assert words, "every case names words its message must contain"
     assert set(body) == {"error"} and words in body["error"]
 
 
@@ -269,4 +318,63 @@ def test_fuzzed_bodies_never_500(
     response = portal.call(lambda: client.post(path, content=body, headers=headers))
     assert response.status_code < 500, (response.status_code, response.text)
     if response.status_code >= 400:
+        assert set(response.json()) == {"error"}
+
+
+# Binary bodies whose header agrees with the data (so decoding reaches the per-tensor checks), valid for the
+# served models, then at most one corruption. Valid ones must be answered 200, corrupted ones a 4xx.
+_CORRUPT = ["none", "none", "drop_last_byte", "extra_byte", "size_plus_one", "size_minus_one", "one_more_element"]
+
+
+@st.composite
+def _binary_request(draw: st.DrawFn) -> tuple[str, list[tuple[dict[str, Any], bytes]]]:
+    kind = draw(st.sampled_from(["raw", "ids", "pixels"]))
+    rows = draw(st.integers(1, 3))
+    if kind == "raw":
+        texts = draw(st.lists(st.text(min_size=1, max_size=12), min_size=rows, max_size=rows))
+        blob = b"".join(struct.pack("<I", len(t.encode())) + t.encode() for t in texts)
+        return V2, [({"name": "raw", "datatype": "BYTES", "shape": [rows]}, blob)]
+    if kind == "ids":
+        length = draw(st.integers(1, 8))
+        values = draw(st.lists(st.integers(0, 256), min_size=rows * length, max_size=rows * length))
+        inputs = [
+            (
+                {"name": "input_ids", "datatype": "INT64", "shape": [rows, length]},
+                struct.pack(f"<{len(values)}q", *values),
+            )
+        ]
+        if draw(st.booleans()):
+            mask = [1] + draw(st.lists(st.integers(0, 1), min_size=length - 1, max_size=length - 1))
+            inputs.append(({"name": "attention_mask", "datatype": "INT64", "shape": [rows, length]},
+                           struct.pack(f"<{rows * length}q", *(mask * rows))))  # fmt: skip
+        return V2, inputs
+    pixels = np.random.default_rng(draw(st.integers(0, 2**32))).uniform(-3, 3, 784).astype("<f4")  # [784]
+    return IMG_V2, [({"name": "pixel_values", "datatype": "FP32", "shape": [1, 1, 28, 28]}, pixels.tobytes())]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(request=_binary_request(), corruption=st.sampled_from(_CORRUPT), data=st.data())
+def test_fuzzed_consistent_binary_bodies_are_answered_or_refused_never_500(
+    portal_client: tuple[BlockingPortal, httpx.AsyncClient],
+    request: tuple[str, list[tuple[dict[str, Any], bytes]]],
+    corruption: str,
+    data: st.DataObject,
+) -> None:
+    portal, client = portal_client
+    path, inputs = request
+    specs = [{**spec, "parameters": {"binary_data_size": len(blob)}} for spec, blob in inputs]
+    victim = specs[data.draw(st.integers(0, len(specs) - 1))]
+    if corruption in ("size_plus_one", "size_minus_one"):
+        victim["parameters"]["binary_data_size"] += 1 if corruption == "size_plus_one" else -1
+    elif corruption == "one_more_element":
+        victim["shape"] = [*victim["shape"][:-1], victim["shape"][-1] + 1]
+    head = json.dumps({"inputs": specs}).encode()
+    content = head + b"".join(blob for _, blob in inputs)
+    content = {"drop_last_byte": content[:-1], "extra_byte": content + b"\x00"}.get(corruption, content)
+    response = portal.call(lambda: client.post(path, content=content, headers={HL: str(len(head))}))
+    if corruption == "none":
+        assert response.status_code == 200, response.text
+        assert len(response.json()["outputs"][0]["data"]) > 0
+    else:
+        assert response.status_code in (400, 422), (corruption, response.status_code, response.text)
         assert set(response.json()) == {"error"}

@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 import base64
-import json
 
 import httpx
 import numpy as np
 import pytest
 from server_helpers import MAX_LENGTH, TEXT
 
-from server.errors import ServeError
+from server.errors import ErrorKind, ServeError
 from server.preprocess import TRUNCATION_SIDES, cut, truncation_side
 
 pytestmark = pytest.mark.anyio
@@ -24,6 +23,8 @@ def test_cut_keeps_the_named_part() -> None:
     assert cut(seq, 4, "head").tolist() == [0, 1, 2, 3]
     assert cut(seq, 4, "tail").tolist() == [6, 7, 8, 9]
     assert cut(seq, 5, "head+tail").tolist() == [0, 1, 2, 8, 9]  # odd limit: the extra byte goes to the head
+    assert cut(seq, 4, "head+tail").tolist() == [0, 1, 8, 9]
+    assert cut(seq, 1, "head+tail").tolist() == [0] and cut(seq, 1, "tail").tolist() == [9]
     for side in TRUNCATION_SIDES:
         assert cut(seq, 10, side) is seq and len(cut(seq, 3, side)) == 3
 
@@ -46,8 +47,9 @@ def test_truncation_side_parsing(value: object, side: str | None) -> None:
 
 @pytest.mark.parametrize("bad", ["middle", 1, 2.5, ["head"]])
 def test_truncation_side_refuses_unknown_values(bad: object) -> None:
-    with pytest.raises(ServeError, match="head, tail|head', 'tail"):
+    with pytest.raises(ServeError, match="head, tail|head', 'tail") as info:
         truncation_side(bad)
+    assert info.value.kind is ErrorKind.MALFORMED and repr(bad) in info.value.message
 
 
 async def _probs_classify(client: httpx.AsyncClient, body: bytes, truncate: str | None = None) -> dict:
@@ -74,9 +76,18 @@ async def test_413_names_the_limit_and_the_sides(client: httpx.AsyncClient) -> N
         assert all(side in msg for side in TRUNCATION_SIDES) and "--truncate" in msg
 
 
+# What each side keeps, written out by hand (MAX_LENGTH is even: head+tail keeps half of each end).
+KEPT = {
+    "head": LONG[:MAX_LENGTH],
+    "tail": LONG[len(LONG) - MAX_LENGTH :],
+    "head+tail": LONG[: MAX_LENGTH // 2] + LONG[len(LONG) - MAX_LENGTH // 2 :],
+}
+
+
 @pytest.mark.parametrize("side", TRUNCATION_SIDES)
 async def test_each_side_equals_sending_the_kept_bytes(client: httpx.AsyncClient, side: str) -> None:
-    kept = cut(np.frombuffer(LONG, dtype=np.uint8), MAX_LENGTH, side).tobytes()
+    kept = KEPT[side]
+    assert len(kept) == MAX_LENGTH and MAX_LENGTH % 2 == 0
     cut_by_server = await _probs_classify(client, LONG, side)
     sent_cut = await _probs_classify(client, kept)
     assert cut_by_server["truncated"] is True and sent_cut["truncated"] is False
@@ -128,5 +139,5 @@ async def test_metadata_shows_max_length(client: httpx.AsyncClient) -> None:
     v1 = (await client.get(f"/v1/models/{TEXT}")).json()
     v2 = (await client.get(f"/v2/models/{TEXT}")).json()
     for params in (v1, v2["parameters"]):
-        assert params["max_length"] == MAX_LENGTH and params["truncation_sides"] == list(TRUNCATION_SIDES)
-    json.dumps(v2)  # plain JSON
+        assert params["max_length"] == MAX_LENGTH and params["truncation_sides"] == ["head", "tail", "head+tail"]
+    assert v2["name"] == TEXT
