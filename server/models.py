@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from server.backends import Backend, ModelOutputs, create_backend, run_outputs
+from server.backends import Backend, create_backend, run_outputs
 from server.batcher import Batcher, BatchObserver, BatchPolicy, BatchResult
 from server.errors import ErrorKind, ServeError, clean_message, not_found
 from server.metrics import Metrics, ModelObserver
@@ -72,8 +72,7 @@ class ServedModel:
 
     def _run_batch(self, items: list[Item]) -> list[Scored]:
         """Worker thread: pad, run, softmax; one Scored (probabilities [n_labels], ood_score) per item."""
-        outputs = run_outputs(self.backend, collate(items, self.config))
-        _check_finite(self.name, outputs)
+        outputs = run_outputs(self.backend, collate(items, self.config))  # non-finite values: classify refuses
         probabilities = softmax(outputs.logits)  # [B, n_labels]
         if outputs.ood_score is None:
             return [Scored(row) for row in probabilities]
@@ -111,9 +110,18 @@ class ServedModel:
             return
         if isinstance(self.observer, ModelObserver):
             self.observer.nonfinite_outputs(bad)
+        which = sorted(
+            {
+                "logits" if field == "probabilities" else field
+                for r in results
+                for field in getattr(r.value, "__dataclass_fields__", {})
+                if not _all_finite(getattr(r.value, field))
+            }
+        )
         raise ServeError(
             ErrorKind.BACKEND_FAILURE,
-            f"model {self.name!r} produced non-finite outputs (NaN or Inf) for {bad} of {len(results)} items; "
+            f"model {self.name!r} produced non-finite {' and '.join(which) or 'outputs'} (NaN or Inf) for {bad} of "
+            f"{len(results)} items; "
             "no result is returned. Inputs far outside the training range (e.g. pixel_values of 1e38) cause this",
         )
 
@@ -248,13 +256,6 @@ def _all_finite(value: Any) -> bool:
     if isinstance(value, np.ndarray | float | np.floating):
         return bool(np.isfinite(value).all())
     return True  # labels, flags, ints
-
-
-def _check_finite(name: str, outputs: ModelOutputs) -> None:
-    """NaN or Inf would be answered as invalid JSON (or a meaningless label): the batch fails instead."""
-    for what, array in (("logits", outputs.logits), ("ood_score", outputs.ood_score)):
-        if array is not None and not np.isfinite(array).all():
-            raise RuntimeError(f"model {name!r} returned non-finite {what} (NaN or Inf) for this batch")
 
 
 def _blank_png(prep: TextPreprocessing | ImagePreprocessing) -> bytes:

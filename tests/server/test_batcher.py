@@ -165,7 +165,7 @@ async def test_stop_fails_pending_items_and_submit_needs_start() -> None:
     await batcher.stop()
     with pytest.raises(ServeError) as info:
         await pending
-    assert info.value.kind is ErrorKind.NOT_READY and "shutting down" in info.value.message
+    assert info.value.kind is ErrorKind.NOT_READY and "stopped" in info.value.message
 
 
 @settings(max_examples=25, deadline=None)

@@ -330,7 +330,7 @@ async def test_shutdown_answers_queued_items_with_retry_after() -> None:
     for future in pending:
         error = future.exception()
         assert isinstance(error, ServeError) and error.kind is ErrorKind.NOT_READY
-        assert error.retry_after_s == 1 and "shutting down" in error.message
+        assert error.retry_after_s == 1 and "stopped" in error.message
     assert backend.batches == [] and batcher.depth == 0
 
 
