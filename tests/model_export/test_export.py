@@ -48,7 +48,8 @@ def artifact(request, tmp_path_factory) -> Artifact:
     """
     shipped = REPO / SHIPPED[request.param]
     if (shipped / "1" / ex.ONNX_FILE).is_file():
-        return Artifact(load_pretrained(shipped), shipped / "1" / ex.ONNX_FILE, True)
+        # as served: the calibrated logits and ood_score the graph computes (model_export.ood)
+        return Artifact(load_pretrained(shipped, serving=True), shipped / "1" / ex.ONNX_FILE, True)
     name = TINY[request.param]
     noise = "fixed" if request.param == "text" else "mean"
     model = create_model(name, depth=2, attention={"eval_noise": noise}).eval()
@@ -170,7 +171,8 @@ def test_graph_holds_one_lara_node_per_layer(artifact):
     bodies = [f for f in proto.functions if (f.domain, f.name) == (onnx_export.DOMAIN, onnx_export.OP_NAME)]
     assert len(bodies) == 1 and len(bodies[0].node) > 20
     assert [i.name for i in proto.graph.input] == ex.input_names(model.cfg)
-    assert [o.name for o in proto.graph.output] == ["logits"]
+    assert [o.name for o in proto.graph.output] == list(ex.output_names(model))
+    assert artifact.shipped is False or ex.output_names(model) == ("logits", "ood_score")  # shipped: served head
 
 
 def test_decomposed_graph_is_rejected(artifact):
