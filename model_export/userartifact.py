@@ -14,12 +14,11 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from model_export.calibration import ECE_BINS, expected_calibration_error, fit_temperature
 from model_export.config import TextConfig
 from model_export.export import export_model_dir
-from model_export.finalize import PASS_RATE
+from model_export.finalize import holdout_temperature, serving_sections
 from model_export.hub import VERSION, WEIGHTS, make_config_dict, save_pretrained
-from model_export.ood import MahalanobisScore, ServingModel, threshold_at
+from model_export.ood import ServingModel
 from model_export.report import accuracy_by_length, classification_metrics, reliability, softmax, write_report
 from model_export.userfit import FitState
 
@@ -28,39 +27,12 @@ def serving_head(model: torch.nn.Module, prep: Any) -> tuple[ServingModel, dict[
     """The shipped models' serving head (model_export.finalize) for this run: a temperature fitted on the
     holdout, a Mahalanobis out-of-distribution score fitted on training features with the threshold that
     passes 95% of the holdout. Returns (serving model, calibration section, ood section, test outputs)."""
-    z_val, f_val, y_val = prep.outputs(model, "holdout")
-    temperature = fit_temperature(z_val, y_val)
-    note = None
-    if temperature < 1.0 and bool((z_val.argmax(1) == y_val).all()):
-        # No holdout error: the NLL falls as T -> 0, so the fit would sharpen to its bound on no evidence.
-        temperature, note = 1.0, "no holdout errors: kept T = 1 (the fit would sharpen without bound)"
-    _, f_train, y_train = prep.outputs(model, "train")
-    ood = MahalanobisScore.fit(f_train, y_train)
-    threshold = threshold_at(ood(f_val), PASS_RATE)
-    z_test, f_test, y_test = prep.outputs(model, "test")
-
-    def ece(z: torch.Tensor, y: torch.Tensor, t: float) -> float:
-        return round(expected_calibration_error(torch.softmax(z.double() / t, -1), y, ECE_BINS), 4)
-
-    calibration = {
-        "method": "temperature",
-        "temperature": round(temperature, 4),
-        "fitted_on": f"holdout ({len(y_val)} items)",
-        "bins": ECE_BINS,
-        "ece": {"holdout_before": ece(z_val, y_val, 1.0), "holdout_after": ece(z_val, y_val, temperature),
-                "test_before": ece(z_test, y_test, 1.0), "test_after": ece(z_test, y_test, temperature)},
-        "n_test": len(y_test),
-        **({"note": note} if note else {}),
-    }  # fmt: skip
-    ood_section = {
-        "method": "mahalanobis",
-        "score": "squared Mahalanobis distance of the pooled features to the nearest class mean (shared covariance)",
-        "fitted_on": f"training split ({len(y_train)} items"
-        + (", documents whole and first 512 / 2,048 bytes)" if prep.data.task == "text" else ")"),
-        "threshold": threshold,
-        "holdout_pass_rate": PASS_RATE,
-        "test_in_distribution_rate": round(float((ood(f_test) <= threshold).double().mean()), 4),
-    }
+    val = prep.outputs(model, "holdout")
+    temperature, note = holdout_temperature(val[0], val[2])
+    train, test = prep.outputs(model, "train"), prep.outputs(model, "test")
+    heads = ", documents whole and first 512 / 2,048 bytes" if prep.data.task == "text" else ""
+    ood, calibration, ood_section = serving_sections(val, train, test, temperature, heads, note)
+    z_test = test[0]
     return ServingModel.wrap(model, temperature, ood).eval(), calibration, ood_section, z_test
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from benchmarks.robustness import perturb, stats
 from benchmarks.robustness.cnn import CnnAnchor
-from benchmarks.robustness.runners import OnnxImage, Outputs
+from benchmarks.robustness.runners import OnnxImage, Outputs, ood_row
 from model_export.calibration import calibration_bins
 
 NOISE_SIGMA = 25.0
@@ -77,17 +77,7 @@ def run_image(model: OnnxImage, s: ImageSettings, log: Log = print) -> dict[str,
     ood: dict[str, Any] = {}
     for name, xo in ood_sets(x, s.ood_items, s.seed).items():
         m, a = model(xo), anchor(xo)
-        row: dict[str, Any] = {
-            "n": len(xo),
-            "model_auroc_msp": stats.auroc(1 - clean_m.probs.max(1), 1 - m.probs.max(1)),
-            "anchor_auroc_msp": stats.auroc(1 - clean_a.probs.max(1), 1 - a.probs.max(1)),
-            "model_mean_top_prob": round(float(m.probs.max(1).mean()), 4),
-            "anchor_mean_top_prob": round(float(a.probs.max(1).mean()), 4),
-        }
-        if m.ood is not None and clean_m.ood is not None:
-            row["model_auroc_ood"] = stats.auroc(clean_m.ood, m.ood)
-            if model.threshold is not None:
-                row["flagged_out"] = stats.wilson(int((m.ood > model.threshold).sum()), len(xo))
+        row = ood_row(m, a, clean_m, clean_a, model.threshold)
         ood[name] = row
     result: dict[str, Any] = {
         "kind": "image",

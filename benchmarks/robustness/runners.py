@@ -124,3 +124,22 @@ class TfidfAnchor:
         p = self.clf.predict_proba([r[:max_length].decode("utf-8", errors="ignore") for r in raws])
         probs[:, self.clf.classes_] = p
         return Outputs(probs, None)
+
+
+def ood_row(m: Outputs, a: Outputs, clean_m: Outputs, clean_a: Outputs, threshold: float | None) -> dict[str, Any]:
+    """One out-of-domain set's figures: AUROC of 1 - top probability (model and anchor) against the clean
+    test items, mean top probabilities, and, for a graph with ood_score, its AUROC and the share flagged out."""
+    from benchmarks.robustness import stats
+
+    row: dict[str, Any] = {
+        "n": len(m.probs),
+        "model_auroc_msp": stats.auroc(1 - clean_m.probs.max(1), 1 - m.probs.max(1)),
+        "anchor_auroc_msp": stats.auroc(1 - clean_a.probs.max(1), 1 - a.probs.max(1)),
+        "model_mean_top_prob": round(float(m.probs.max(1).mean()), 4),
+        "anchor_mean_top_prob": round(float(a.probs.max(1).mean()), 4),
+    }
+    if m.ood is not None and clean_m.ood is not None:
+        row["model_auroc_ood"] = stats.auroc(clean_m.ood, m.ood)
+        if threshold is not None:
+            row["flagged_out"] = stats.wilson(int((m.ood > threshold).sum()), len(m.probs))
+    return row

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.robustness import perturb, sources, stats
-from benchmarks.robustness.runners import OnnxText, Outputs, TfidfAnchor
+from benchmarks.robustness.runners import OnnxText, Outputs, TfidfAnchor, ood_row
 from model_export.calibration import calibration_bins
 
 SOTU_LENGTHS_KB = (1, 2, 4, 16)
@@ -87,17 +87,7 @@ def _ood(model: OnnxText, anchor: TfidfAnchor, clean_m: Outputs, clean_a: Output
     out: dict[str, Any] = {}
     for name, raws in sets.items():
         m, a = model(raws), anchor(raws, model.max_length)
-        row: dict[str, Any] = {
-            "n": len(raws),
-            "model_auroc_msp": stats.auroc(1 - clean_m.probs.max(1), 1 - m.probs.max(1)),
-            "anchor_auroc_msp": stats.auroc(1 - clean_a.probs.max(1), 1 - a.probs.max(1)),
-            "model_mean_top_prob": round(float(m.probs.max(1).mean()), 4),
-            "anchor_mean_top_prob": round(float(a.probs.max(1).mean()), 4),
-        }
-        if m.ood is not None and clean_m.ood is not None:
-            row["model_auroc_ood"] = stats.auroc(clean_m.ood, m.ood)
-            if model.threshold is not None:
-                row["flagged_out"] = stats.wilson(int((m.ood > model.threshold).sum()), len(raws))
+        row = ood_row(m, a, clean_m, clean_a, model.threshold)
         if name == "a":
             labels = model.config["labels"]
             row["model_answer"] = {"label": labels[int(m.pred[0])], "prob": round(float(m.probs.max()), 4)}

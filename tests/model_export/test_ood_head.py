@@ -129,3 +129,26 @@ def test_a_weights_file_with_part_of_the_head_is_refused(tmp_path) -> None:
     save_file({**load_file(str(weights)), "serving.temperature": torch.ones(1)}, str(weights))
     with pytest.raises(ValueError, match="serving head needs all of"):
         load_pretrained(tmp_path, serving=True)
+
+
+def test_serving_sections_fit_on_train_threshold_on_holdout_and_only_measure_test() -> None:
+    from model_export.finalize import PASS_RATE, holdout_temperature, serving_sections
+
+    g = torch.Generator().manual_seed(3)
+
+    def outputs(n: int, shift: float = 0.0):
+        y = torch.randint(0, 3, (n,), generator=g)
+        f = torch.randn(n, 6, generator=g) + 3.0 * torch.nn.functional.one_hot(y, 6).float() + shift
+        z = 4.0 * f[:, :3] + torch.randn(n, 3, generator=g)  # overconfident logits, mostly right
+        return z, f, y
+
+    val, train, test = outputs(400), outputs(2000), outputs(300, shift=5.0)  # the test split is far away
+    temperature, note = holdout_temperature(val[0], val[2])
+    ood, calibration, section = serving_sections(val, train, test, temperature, "")
+    passed = float((ood(val[1]) <= section["threshold"]).float().mean())
+    assert passed == pytest.approx(PASS_RATE, abs=0.01) and note is None
+    assert section["test_in_distribution_rate"] < 0.2  # measured on test, not fitted to it
+    assert calibration["ece"]["holdout_after"] <= calibration["ece"]["holdout_before"]
+    assert section["fitted_on"] == "training split (2000 items)"
+    z = torch.tensor([[5.0, 0.0], [0.0, 5.0]])
+    assert holdout_temperature(z, torch.tensor([0, 1]))[0] == 1.0  # no holdout error: T kept at 1
