@@ -67,7 +67,7 @@ def test_mixed_sweep_writes_json_csv_and_charts(url: str, tmp_path: Path, capsys
         assert 0 < c["p50_ms"] <= c["p90_ms"] <= c["p95_ms"] <= c["p99_ms"] <= c["max_ms"]
         assert c["throughput_rps"] > 0 and c["batch_size_mean"] >= 1 and c["server_inference_ms_p50"] > 0
         assert 0 <= c["server_queue_ms_p50"] <= c["server_total_ms_p50"] <= c["max_ms"]
-        assert c["ok"] == 6 and c["error_rate"] == 0.0 and c["backend"] == "lara_onnxruntime"
+        assert c["ok"] == 6 and c["error_rate"] == 0.0 and c["backend"] == "onnxruntime_onnx"
         # throughput is completed requests over the cell's wall time
         assert c["throughput_rps"] == pytest.approx(6 / c["duration_s"], rel=0.02)
     assert "***" in report["settings"]["argv"] and KEY not in json.dumps(report)
@@ -123,13 +123,17 @@ def test_two_models_on_one_chart(url: str, tmp_path: Path) -> None:
                "--out", str(tmp_path)) == 0  # fmt: skip
     report = strict_json(tmp_path / "report.json")
     assert [t["label"] for t in report["targets"]] == ["tiny-text", "tiny-text-b"]
-    assert all(t["task"] == "text" and t["backend"] == "lara_onnxruntime" for t in report["targets"])
+    assert all(t["task"] == "text" and t["backend"] == "onnxruntime_onnx" for t in report["targets"])
     assert sorted((c["target"], c["input"]) for c in report["cells"]) == [
         ("tiny-text", "16 B"), ("tiny-text", "64 B"), ("tiny-text-b", "16 B"), ("tiny-text-b", "64 B")]  # fmt: skip
-    # The chart the run wrote has a line in each model's colour (the first two of the colour cycle).
-    first, second = charts.plt.rcParams["axes.prop_cycle"].by_key()["color"][:2]
-    chart = tmp_path / "latency_vs_length.png"
-    assert colour_pixels(chart, first) > 100 and colour_pixels(chart, second) > 100
+    # Colour = the load (one here), line style = the model: the chart the run wrote holds two lines of the
+    # load's colour, so about twice the coloured pixels of the same run with one model.
+    first = charts.plt.get_cmap("tab10").colors[0]
+    assert run(url, "--model", "tiny-text", "--lengths", "16,64", "--concurrency", "2",
+               "--out", str(tmp_path / "one")) == 0  # fmt: skip
+    two = colour_pixels(tmp_path / "latency_vs_length.png", first)
+    one = colour_pixels(tmp_path / "one" / "latency_vs_length.png", first)
+    assert one > 100 and two > 1.3 * one
 
 
 def test_stopped_server_fails_clearly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -170,7 +170,9 @@ def test_without_matplotlib_the_run_says_how_to_get_charts(
 
 
 def test_examples_sets_need_no_data_package(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "model_export", None)  # as in the lean install: no torch, no model_export
+    # as in the lean install: no torch, no model_export (submodules an earlier test imported included)
+    for name in [m for m in sys.modules if m == "model_export" or m.startswith("model_export.")] + ["model_export"]:
+        monkeypatch.setitem(sys.modules, name, None)
     assert run(url, "--model", "tiny-text", "--set", "examples-text", "--truncate", "--concurrency", "1") == 0
     assert run(url, "--model", "tiny-image", "--set", "examples-image", "--concurrency", "1") == 0
     with pytest.raises(InputError, match="examples-text"):

@@ -50,7 +50,8 @@ def test_closed_cell_summary_by_hand() -> None:
     cell = summarize(TARGET, "predict", GROUP, LoadPoint.closed(2), CellRun(samples, 2.0, "requests"))
     assert (cell.requests, cell.ok, cell.errors) == (6, 4, 2)
     assert cell.error_rate == pytest.approx(2 / 6, abs=1e-4) and cell.statuses == {"200": 4, "413": 1, "timeout": 1}
-    assert cell.throughput_rps == 2.0 and cell.offered_rps == 3.0  # 4 answered and 6 sent in 2 s
+    assert cell.throughput_rps == 2.0 and cell.achieved_rps == 3.0  # 4 answered and 6 sent in 2 s
+    assert cell.offered_rps is None  # a closed loop offers no rate
     assert (cell.p50_ms, cell.p90_ms, cell.p95_ms, cell.p99_ms) == pytest.approx((25.0, 37.0, 38.5, 39.7))
     assert cell.max_ms == pytest.approx(40.0) and cell.mean_ms == pytest.approx(25.0)
     assert cell.server_queue_ms_p50 == 2.5 and cell.server_queue_ms_mean == 2.5
@@ -67,7 +68,8 @@ def test_open_cell_send_lag_and_no_successes() -> None:
     samples = [sample(0.0, 50.0, "503", lag_ms=0.0), sample(0.1, 60.0, "503", lag_ms=10.0),
                sample(0.2, 70.0, "503", lag_ms=30.0)]  # fmt: skip
     cell = summarize(TARGET, "classify", GROUP, LoadPoint.open(10.0, "constant"), CellRun(samples, 1.5, "seconds"))
-    assert cell.error_rate == 1.0 and cell.throughput_rps == 0.0 and cell.offered_rps == 2.0
+    assert cell.error_rate == 1.0 and cell.throughput_rps == 0.0 and cell.offered_rps == 10.0
+    assert cell.achieved_rps == 2.0  # 3 answers in 1.5 s against 10/s offered
     assert cell.p50_ms is None and cell.max_ms is None and cell.mean_ms is None and cell.batch_size_max is None
     assert cell.send_lag_p50_ms == pytest.approx(10.0) and cell.send_lag_p99_ms == pytest.approx(29.6)
     assert cell.send_lag_max_ms == pytest.approx(30.0)
