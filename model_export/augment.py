@@ -12,7 +12,10 @@ texts it uses, which are kept out of training here):
 - prose: the descriptions (METADATA) of the installed Python packages;
 - licence: the licence files those packages ship, less the families the evaluation uses;
 - markup: generated web-page furniture (navigation, cookie notices, footers) around generated words;
-- salad: words drawn at random from the prose source's vocabulary (text with no topic at all).
+- salad: words drawn at random from the prose source's vocabulary (text with no topic at all);
+- pseudo: prose in a made-up language, a fresh one per sample (its own syllables, vocabulary and word
+  frequencies; sometimes accented letters): the class of filler no installed text shows, text whose words
+  the model has never seen (placeholder text, foreign languages, encoded or garbled passages).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ EVAL_LICENCE_FAMILIES = (
     "Artistic License",
     "Creative Commons",
 )
-FILLER_KINDS = ("code", "prose", "licence", "markup", "salad")
+FILLER_KINDS = ("code", "prose", "licence", "markup", "salad", "pseudo")
 _MAX_SOURCE_BYTES = 4_000_000  # per kind: enough variety, bounded start-up time and memory
 _MAX_FILE_BYTES = 200_000
 
@@ -113,6 +116,40 @@ def _salad(rng: random.Random, words: Sequence[str], length: int) -> bytes:
     return " ".join(out).encode("utf-8")
 
 
+_CONSONANTS = "bcdfghjklmnpqrstvwxyz"
+_VOWELS = "aeiou"
+_ACCENTED = "áàâäãåçéèêëíìîïñóòôöõúùûüýøæœßšžčřłęą"
+
+
+def _pseudo(rng: random.Random, length: int) -> bytes:
+    """Prose in a language made up for this call: syllables from a random inventory, a vocabulary of 50-400
+    words used with Zipf-like frequencies, sentences and paragraphs. No word need exist in any real language."""
+    consonants = rng.sample(_CONSONANTS, rng.randrange(6, len(_CONSONANTS) + 1))
+    vowels = rng.sample(_VOWELS, rng.randrange(2, len(_VOWELS) + 1))
+    if rng.random() < 0.3:  # a language with accented letters (multi-byte UTF-8)
+        vowels += rng.sample(_ACCENTED, rng.randrange(1, 6))
+    max_syllables = rng.randrange(2, 6)
+
+    def word() -> str:
+        return "".join(
+            rng.choice(consonants) * (rng.random() < 0.8) + rng.choice(vowels) + rng.choice(consonants) * (rng.random() < 0.3)
+            for _ in range(rng.randrange(1, max_syllables + 1))
+        )
+
+    vocab = [word() for _ in range(rng.randrange(50, 400))]
+    weights = [1.0 / (rank + 1) for rank in range(len(vocab))]
+    out: list[str] = []
+    size = 0
+    while size < length:
+        words = rng.choices(vocab, weights, k=rng.randrange(4, 20))
+        sentence = " ".join(words)
+        sentence = sentence[:1].upper() + sentence[1:] + rng.choice("..........?!;:")
+        sentence += "\n\n" if rng.random() < 0.15 else " "
+        out.append(sentence)
+        size += len(sentence.encode("utf-8"))
+    return "".join(out).encode("utf-8")
+
+
 class FillerBank:
     """Unrelated text for training, by kind. `sample(rng, length)` returns `length` bytes (whole UTF-8
     characters, cut at a random place of a random source) of a random kind."""
@@ -143,6 +180,8 @@ class FillerBank:
             raw = _markup(rng, self.words, length)
         elif kind == "salad":
             raw = _salad(rng, self.words, length)
+        elif kind == "pseudo":
+            raw = _pseudo(rng, length)
         else:
             pool = self.sources[kind]
             parts, size = [], 0
