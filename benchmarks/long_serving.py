@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import statistics
+import subprocess
 import tempfile
 import threading
 import time
@@ -140,22 +141,30 @@ def measure(
 
 
 def _repo_at(rev: str, model: str, root: Path) -> Path:
-    """A model repository holding `model` as today but with the model.onnx that commit `rev` shipped."""
+    """A model repository holding `model` as commit `rev` shipped it: its model.onnx and its config.json (a
+    config of today may declare outputs, such as ood_score, that the older graph lacks)."""
     shutil.copytree(REPO / model, root / model)
     (root / model / "1" / "model.onnx").write_bytes(shipped_onnx_at(rev, model))
+    config = subprocess.run(["git", "show", f"{rev}:model_repository/{model}/config.json"], cwd=REPO.parent,
+                            capture_output=True, check=True).stdout  # fmt: skip
+    (root / model / "config.json").write_bytes(config)
     return root
 
 
-def compare_attention(model: str, lengths: list[int], repeats: int, threads: int, before: str | None) -> dict[str, Any]:
-    """Median latency per length of a body server and a fused server (and, with `before`, a body server on
-    the model.onnx of that commit), requests alternating between them so all see the same load."""
+def compare_attention(
+    model: str, lengths: list[int], repeats: int, threads: int, before: str | None, before_attention: str = "body"
+) -> dict[str, Any]:
+    """Median latency per length of a body server and a fused server (and, with `before`, a server on the
+    model that commit shipped, its attention run as `before_attention`), requests alternating between them
+    so all see the same load. `--before REV --before-attention fused` times a retrained model against the
+    one it replaced, both on today's code and kernel."""
     texts, labels = text_docs("news", "test")
     env = {"LARA_NUM_THREADS": str(threads), "LARA_MAX_QUEUE_DELAY_MS": "2"}
     servers = {"body": (REPO, "body"), "fused": (REPO, "fused")}
     with ExitStack() as stack:
         if before:
             tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="long-serving-")))
-            servers["before"] = (_repo_at(before, model, tmp), "body")
+            servers["before"] = (_repo_at(before, model, tmp), before_attention)
         clients = {}
         for name, (repo, attention) in servers.items():
             server_env = env | {"LARA_MODEL_REPOSITORY": str(repo), "LARA_ORT_ATTENTION": attention}
@@ -179,7 +188,8 @@ def compare_attention(model: str, lengths: list[int], repeats: int, threads: int
                     row[f"fused_over_{base}_{b}"] = row[f"fused_{b}_ms"] / row[f"{base}_{b}_ms"]
             rows.append(row)
             print(row, flush=True)
-    return {"model": model, "server_threads": threads, "repeats": repeats, "before": before, "rows": rows}
+    return {"model": model, "server_threads": threads, "repeats": repeats, "before": before,
+            "before_attention": before_attention if before else None, "rows": rows}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -195,11 +205,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--threads", type=int, default=2, help="LARA_NUM_THREADS of the server")
     p.add_argument("--compare-ort-attention", action="store_true", help="body vs fused LaraAttention servers")
-    p.add_argument("--before", metavar="REV", help="with --compare-ort-attention: also the model.onnx of this commit")
+    p.add_argument("--before", metavar="REV", help="with --compare-ort-attention: also the model of this commit")
+    p.add_argument(
+        "--before-attention", choices=("body", "fused"), default="body", help="how --before's server runs attention"
+    )
     args = p.parse_args(argv)
     lengths = [int(x) for x in args.lengths.split(",")]
     if args.compare_ort_attention:
-        result = compare_attention(args.model, lengths, args.repeats, args.threads, args.before)
+        result = compare_attention(args.model, lengths, args.repeats, args.threads, args.before, args.before_attention)
         path = write_json("long_serving_ort_attention.json", {"environment": environment(), **result})
         kinds = [k for k in ("before", "body", "fused") if f"{k}_batch1_ms" in result["rows"][0]]
         headers = ["bytes"] + [f"{k} {b} (ms)" for b in ("1 doc", "8 docs") for k in kinds]
