@@ -104,3 +104,14 @@ def test_case_fold_makes_upper_case_the_same_input() -> None:
         torch.testing.assert_close(model(ids, mask), model(upper, mask), rtol=0, atol=0)
         plain = create_model("tiny-text").eval()
         assert not torch.equal(plain(ids, mask), plain(upper, mask))
+
+
+def test_pseudo_filler_is_a_new_language_per_call_and_reproducible() -> None:
+    first = au._pseudo(random.Random(5), 3000)
+    assert first == au._pseudo(random.Random(5), 3000)
+    rng = random.Random(6)
+    a, b = au._pseudo(rng, 3000).decode(), au._pseudo(rng, 3000).decode()
+    words_a, words_b = set(a.lower().split()), set(b.lower().split())
+    # Each call draws its own syllables and vocabulary: two samples share almost no words.
+    assert len(words_a & words_b) < 0.2 * min(len(words_a), len(words_b))
+    assert 3000 <= len(first) < 3200 and first.count(b".") + first.count(b"?") + first.count(b"!") >= 10

@@ -102,3 +102,26 @@ def test_misspelt_config_choices_are_refused_not_defaulted(overrides: dict, mess
     # Before the check, positions "rope" built a model with sinusoidal positions and no error.
     with pytest.raises(ValueError, match=message):
         create_model("tiny-text", **overrides)
+
+
+def test_pool_lr_mult_moves_the_pooling_scores_that_many_times_faster(tmp_path) -> None:
+    """Adam's first steps move each weight by about the lr: with --pool-lr-mult 40 the pooling scores move
+    ~40x as far as with the base lr, from the same initial weights, and nothing else changes speed."""
+    from safetensors.torch import load_file
+
+    from model_export import train
+
+    moved = {}
+    for mult, steps in ((0.0, 0), (1.0, 2), (40.0, 2)):  # 0 steps: the initial weights, the same for all
+        out = tmp_path / f"m{mult}"
+        argv = ["--model", "lara-text-news", "--limit", "16", "--max-steps", str(steps), "--epochs", "1"]
+        argv += ["--eval-limit", "4"]
+        argv += ["--no-test", "--threads", "1", "--train-length", "256", "--batch-size", "4", "--lr", "1e-3"]
+        argv += ["--override", '{"pooling": "attention", "depth": 1, "ngram_buckets": 0}', "--pool-lr-mult", str(mult)]
+        train.main([*argv, "--out", str(out), "--run-dir", str(tmp_path / f"ckpt{mult}")])
+        moved[mult] = load_file(str(out / "1" / "model.safetensors"))
+    init = moved.pop(0.0)
+    step = {m: (s["pool.score.weight"] - init["pool.score.weight"]).abs().mean().item() for m, s in moved.items()}
+    head = {m: (s["head.weight"] - init["head.weight"]).abs().mean().item() for m, s in moved.items()}
+    assert step[40.0] > 15 * step[1.0] > 0
+    assert head[40.0] == pytest.approx(head[1.0], rel=0.5)
