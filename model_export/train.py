@@ -92,6 +92,19 @@ def _init_from(model: nn.Module, model_dir: Path) -> None:
     model.load_state_dict(taken, strict=False)
     fresh = sorted(set(own) - set(taken))
     print(f"initialized {len(taken)}/{len(own)} tensors from {model_dir}; fresh: {fresh}", flush=True)
+    # A source trained with other settings (pooling, case folding) loads silently into the registry's
+    # architecture: its unused tensors and differing settings are named, so --override can be added.
+    unused = sorted(k for k in set(source) - set(taken) if not k.startswith("serving."))
+    if unused:
+        print(f"warning: {len(unused)} tensors of {model_dir} not used: {unused}", flush=True)
+    config_path = model_dir / "config.json"
+    if config_path.is_file():
+        theirs = json.loads(config_path.read_text()).get("model", {})
+        ours = json.loads(json.dumps(dataclasses.asdict(model.cfg))) if dataclasses.is_dataclass(model.cfg) else {}
+        differ = {k: (v, ours[k]) for k, v in theirs.items() if k in ours and ours[k] != v and k != "num_classes"}
+        if differ:
+            text = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in sorted(differ.items()))
+            print(f"warning: settings differ from {model_dir} (source -> this run): {text}", flush=True)
 
 
 def _length_eval(model: nn.Module, dataset: str, args: argparse.Namespace) -> dict[str, Any]:

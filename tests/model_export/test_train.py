@@ -121,3 +121,17 @@ def test_recorded_command_reads_back_to_the_same_settings(argv: list[str]) -> No
         assert "--train-length" not in words
         again.pop("train_length"), expected.pop("train_length")
     assert again == expected
+
+
+def test_init_from_names_unused_tensors_and_differing_settings(capsys) -> None:
+    """The shipped news model pools by attention with case folding; initialising the registry's (mean-pooling)
+    architecture from it must say so, not load silently."""
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[2] / "model_repository" / "lara-text-news"
+    train._init_from(me.create_model("lara-text-news"), src)
+    out = capsys.readouterr().out
+    assert "not used: ['pool.score.bias', 'pool.score.weight']" in out
+    assert "case_fold True -> False" in out and "pooling 'attention' -> 'mean'" in out
+    train._init_from(me.create_model("lara-text-news", case_fold=True, pooling="attention"), src)
+    assert "warning" not in capsys.readouterr().out
