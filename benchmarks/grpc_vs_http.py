@@ -26,6 +26,7 @@ import io
 import json
 import os
 import platform
+import signal
 import tempfile
 import threading
 import time
@@ -178,9 +179,10 @@ def _client_result(address: str, model: str, feeds: dict[str, np.ndarray], outpu
     return np.asarray(result.as_numpy(output))
 
 
-def _measure(lanes: dict[str, tuple[str, str]], payloads: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:  # fmt: skip
-    """Every (payload, protocol, lane) cell, `args.rounds` times; odd rounds run the lanes in reverse order."""
-    cells: list[dict[str, Any]] = []
+def _measure(lanes: dict[str, tuple[str, str]], payloads: dict[str, Any], args: argparse.Namespace,
+             cells: list[dict[str, Any]]) -> None:  # fmt: skip
+    """Every (payload, protocol, lane) cell, `args.rounds` times; odd rounds run the lanes in reverse order.
+    Appends to `cells` as it goes, so an interrupted run still reports what it measured."""
     for round_ in range(args.rounds):
         for payload, (model, data, feeds) in payloads.items():
             for protocol in ("http", "grpc"):
@@ -201,7 +203,10 @@ def _measure(lanes: dict[str, tuple[str, str]], payloads: dict[str, Any], args: 
                             "input": input_, "protocol": protocol, "round": round_, **latency, **throughput}  # fmt: skip
                     print(json.dumps(cell), flush=True)
                     cells.append(cell)
-    return cells
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -211,17 +216,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seconds", type=float, default=5.0, help="duration of each throughput cell")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=1, help="repeats; odd rounds reverse the order of servers")
+    parser.add_argument("--payloads", default=",".join(_payloads()), help="a comma-separated subset")
     parser.add_argument("--no-triton", action="store_true", help="LARA Serve only (no Triton peer)")
     parser.add_argument("--triton-python", type=Path, default=None, help="default: .venv-triton, made on demand")
     parser.add_argument("--out", type=Path, default=RESULTS / "grpc_vs_http.json")
     args = parser.parse_args(argv)
     if args.requests > 2000 or args.seconds > 60 or args.rounds > 10:
         parser.error("keep it bounded: --requests <= 2000, --seconds <= 60, --rounds <= 10")
+    signal.signal(signal.SIGTERM, _interrupt)
     from kernels import ort_library
 
     library = ort_library.library()
     models_dir = args.models_dir or _synthetic_repository()
-    payloads = {k: (m, d, _tensors(models_dir, m, d)) for k, (m, d) in _payloads().items()}
+    unknown = set(args.payloads.split(",")) - set(_payloads())
+    if unknown:
+        parser.error(f"unknown payloads {sorted(unknown)}; choose from {', '.join(_payloads())}")
+    chosen = {k: v for k, v in _payloads().items() if k in args.payloads.split(",")}
+    payloads = {k: (m, d, _tensors(models_dir, m, d)) for k, (m, d) in chosen.items()}
     onnx = {m: models_dir / m / read_config(models_dir / m).version / "model.onnx" for m in (TEXT_MODEL, IMAGE_MODEL)}
     compute = {k: _compute_ms(onnx[m], str(library or ""), f, max(5, args.requests // 4)) for k, (m, _, f) in payloads.items()}  # fmt: skip
     python = None if args.no_triton else (args.triton_python or pytriton_peer.ensure_env())
@@ -239,9 +250,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             lanes["triton/tensors"] = (peer.http, peer.grpc)
             parity = {k: _parity(lanes["lara/tensors"][0], peer.http, m, f) for k, (m, _, f) in payloads.items()}
         lanes["lara/raw"] = lanes["lara/tensors"]
-        cells = _measure(lanes, payloads, args)
+        cells: list[dict[str, Any]] = []
+        try:
+            _measure(lanes, payloads, args, cells)
+            complete = True
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: stop both servers (the with-block) and keep the cells
+            complete = False
     rows = summarize(cells, compute)
     report = {
+        "complete": complete,
         "question": "per-request cost of gRPC against binary HTTP, LARA Serve beside Triton (same ONNX, same op)",
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg_1min_end": os.getloadavg()[0]},
         "settings": vars(args) | {"models_dir": str(args.models_dir or "synthetic"), "out": str(args.out),
@@ -257,7 +274,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2, default=str) + "\n")
     chart(rows, args.out.with_suffix(".png"), f"gRPC vs binary HTTP, {report['settings']['models_dir']} models, "
-          f"concurrency {args.concurrency}, {args.rounds} round(s)")  # fmt: skip
+          f"concurrency {args.concurrency}, {args.rounds} round(s), load avg {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")  # fmt: skip
     print(markdown(rows))
     print(json.dumps(report["ratios"], indent=2))
     return report

@@ -3,15 +3,19 @@
 Pure functions of the cells (no server, no Triton), so they are tested without either. A cell is one
 measurement: `payload`, `server` ("lara" | "triton"), `input` ("tensors": preprocessed INT64/FP32
 tensors, what both servers accept; "raw": the text or PNG bytes, LARA Serve only), `protocol` ("http"
-binary | "grpc"), `round`, `p50_ms`, `p99_ms`, `requests_per_s`. Rounds alternate the order of servers, so
-a row is the median over rounds (mean for throughput). Overhead per request is the median latency minus
+binary | "grpc"), `round`, `p50_ms`, `p99_ms`, `requests_per_s`. Rounds alternate the order of servers,
+so a row is the median over rounds (mean for throughput). Overhead per request is the median latency minus
 the model's own compute time on the same input (`compute_ms`, measured with onnxruntime in-process, the
 same for every server, so it shifts rows but no comparison).
+
+    python -m benchmarks.grpc_vs_http_report RESULTS.json   # rows, ratios and chart again from the cells
 """
 
 from __future__ import annotations
 
+import json
 import statistics
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,6 +41,7 @@ def summarize(
         row: dict[str, Any] = dict(zip(KEY, key, strict=True))
         row["rounds"] = len(group)
         row["p50_ms"] = statistics.median(c["p50_ms"] for c in group)
+        row["p50_ms_range"] = [min(c["p50_ms"] for c in group), max(c["p50_ms"] for c in group)]  # the noise
         row["p99_ms"] = statistics.median(c["p99_ms"] for c in group)
         row["requests_per_s"] = statistics.fmean(c["requests_per_s"] for c in group)
         compute = (compute_ms or {}).get(row["payload"])
@@ -90,13 +95,14 @@ def _fmt(value: float | None, digits: int = 1) -> str:
 
 def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     lines = [
-        "| payload | server, input | protocol | p50 (ms) | p99 (ms) | overhead p50 (ms) | throughput (req/s) |",
-        "|---|---|---|---:|---:|---:|---:|",
+        "| payload | server, input | protocol | p50 (ms) | p50 over rounds | p99 (ms) | overhead p50 (ms) | throughput (req/s) |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lane = LANE_NAMES.get((r["server"], r["input"]), f"{r['server']}, {r['input']}")
         lines.append(
-            f"| {r['payload']} | {lane} | {r['protocol']} | {_fmt(r['p50_ms'])} | {_fmt(r['p99_ms'])} | "
+            f"| {r['payload']} | {lane} | {r['protocol']} | {_fmt(r['p50_ms'])} | "
+            f"{_fmt(r['p50_ms_range'][0])}-{_fmt(r['p50_ms_range'][1])} | {_fmt(r['p99_ms'])} | "
             f"{_fmt(r.get('overhead_ms'))} | {_fmt(r['requests_per_s'])} |"
         )
     return "\n".join(lines)
@@ -136,3 +142,23 @@ def chart(rows: Sequence[Mapping[str, Any]], path: Path, title: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def rerender(path: Path) -> str:
+    """Rows, ratios and the chart of a results file again from its cells (after a change to this module)."""
+    report = json.loads(path.read_text())
+    report["rows"] = summarize(report["cells"], report.get("compute_ms"))
+    report["ratios"] = ratios(report["rows"])
+    path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    settings = report["settings"]
+    rounds = max(c["round"] for c in report["cells"]) + 1 if report["cells"] else 0
+    load = report["machine"].get("loadavg_1min_end")
+    chart(report["rows"], path.with_suffix(".png"), f"gRPC vs binary HTTP, {settings['models_dir']} models, "
+          f"concurrency {settings['concurrency']}, {rounds} round(s), load avg {load:.1f} on "
+          f"{report['machine']['cpus']} CPUs")  # fmt: skip
+    return markdown(report["rows"])
+
+
+if __name__ == "__main__":
+    for name in sys.argv[1:]:
+        print(f"{name}\n{rerender(Path(name))}\n")

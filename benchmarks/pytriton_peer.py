@@ -125,13 +125,14 @@ def running(
     max_batch_size: int = 32,
     max_queue_delay_us: int = 2000,
     start_timeout_s: float = 300.0,
+    num_threads: int = 0,
 ) -> Iterator[Peer]:
     """Start tritonserver serving `models` (name -> model.onnx) and stop it (its whole process group) after."""
     http, grpc, metrics = _free_port(), _free_port(), _free_port()
     peer = Peer(f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", f"http://127.0.0.1:{metrics}/metrics")
     cmd = [str(python), str(Path(__file__).resolve()), "serve", "--max-batch-size", str(max_batch_size),
            "--max-queue-delay-us", str(max_queue_delay_us), "--http-port", str(http), "--grpc-port", str(grpc),
-           "--metrics-port", str(metrics)]  # fmt: skip
+           "--metrics-port", str(metrics), "--num-threads", str(num_threads)]  # fmt: skip
     for name, onnx in models.items():
         cmd += ["--model", f"{name}={onnx}"]
     if ort_library:
@@ -174,6 +175,8 @@ def _bind(triton: Any, name: str, onnx: str, args: argparse.Namespace) -> None:
 
     options = ort.SessionOptions()
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL  # as server/backends/onnx_runtime.py
+    if args.num_threads:
+        options.intra_op_num_threads = args.num_threads
     if args.ort_library:
         options.register_custom_ops_library(args.ort_library)
     session = ort.InferenceSession(onnx, sess_options=options, providers=["CPUExecutionProvider"])
@@ -243,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     peer.add_argument("--metrics-port", type=int, required=True)
     peer.add_argument("--max-batch-size", type=int, default=32)
     peer.add_argument("--max-queue-delay-us", type=int, default=2000)
+    peer.add_argument("--num-threads", type=int, default=0, help="onnxruntime intra-op threads (0: its default)")
     peer.add_argument("--ort-library", default="", help="custom-op library to register (the fused kernel)")
     args = parser.parse_args(argv)
     if args.command == "serve":

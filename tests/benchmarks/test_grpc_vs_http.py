@@ -26,7 +26,7 @@ def test_summarize_takes_the_median_latency_and_mean_throughput_over_rounds() ->
     ]
     rows = summarize(cells, {"text_1k": 4.0})
     assert [(r["server"], r["rounds"]) for r in rows] == [("lara", 3), ("triton", 1)]
-    assert rows[0]["p50_ms"] == 12.0 and rows[0]["p99_ms"] == 24.0
+    assert rows[0]["p50_ms"] == 12.0 and rows[0]["p99_ms"] == 24.0 and rows[0]["p50_ms_range"] == [10.0, 30.0]
     assert rows[0]["requests_per_s"] == pytest.approx(70.0)
     assert rows[0]["overhead_ms"] == 8.0 and rows[1]["overhead_ms"] == 16.0
     assert summarize(cells)[0]["overhead_ms"] is None  # no compute time measured: no overhead claimed
@@ -66,7 +66,7 @@ def test_markdown_and_chart(tmp_path: Path) -> None:
     rows = summarize(full("text_1k", 10.0, 20.0, 10.4), {"text_1k": 1.0})
     table = markdown(rows)
     assert table.count("\n") == len(rows) + 1
-    assert "| text_1k | Triton (pytriton), tensors | grpc | 10.4 | 20.8 | 9.4 | 25.0 |" in table
+    assert "| text_1k | Triton (pytriton), tensors | grpc | 10.4 | 10.4-10.4 | 20.8 | 9.4 | 25.0 |" in table
     chart(rows, tmp_path / "c.png", "title")
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
 
