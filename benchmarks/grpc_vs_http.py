@@ -200,7 +200,8 @@ def _measure(lanes: dict[str, tuple[str, str]], payloads: dict[str, Any], args: 
                     )
                     wire = len(data) if input_ == "raw" else sum(a.nbytes for a in feeds.values())
                     cell = {"payload": payload, "bytes": len(data), "tensor_bytes": wire, "server": server,
-                            "input": input_, "protocol": protocol, "round": round_, **latency, **throughput}  # fmt: skip
+                            "input": input_, "protocol": protocol, "round": round_,
+                            **latency, **throughput}  # fmt: skip
                     print(json.dumps(cell), flush=True)
                     cells.append(cell)
 
@@ -234,12 +235,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     chosen = {k: v for k, v in _payloads().items() if k in args.payloads.split(",")}
     payloads = {k: (m, d, _tensors(models_dir, m, d)) for k, (m, d) in chosen.items()}
     onnx = {m: models_dir / m / read_config(models_dir / m).version / "model.onnx" for m in (TEXT_MODEL, IMAGE_MODEL)}
-    compute = {k: _compute_ms(onnx[m], str(library or ""), f, max(5, args.requests // 4)) for k, (m, _, f) in payloads.items()}  # fmt: skip
+    runs = max(5, args.requests // 4)
+    compute = {k: _compute_ms(onnx[m], str(library or ""), f, runs) for k, (m, _, f) in payloads.items()}
     python = None if args.no_triton else (args.triton_python or pytriton_peer.ensure_env())
     env = {"LARA_MODEL_REPOSITORY": str(models_dir), "LARA_MODELS": f"{TEXT_MODEL},{IMAGE_MODEL}",
            "LARA_ORT_ATTENTION": "fused" if library else "body"}  # fmt: skip
     grpc_port = free_port()
-    flags = ["--log-level", "warning", "--grpc-port", str(grpc_port), "--max-batch-size", "32", "--max-queue-delay-ms", "2"]  # fmt: skip
+    flags = ["--log-level", "warning", "--grpc-port", str(grpc_port),
+             "--max-batch-size", "32", "--max-queue-delay-ms", "2"]  # fmt: skip
     with ExitStack() as stack:
         url = stack.enter_context(server_process(flags, env=env, timeout_s=300))
         lanes = {"lara/tensors": (url.removeprefix("http://"), f"127.0.0.1:{grpc_port}")}
@@ -274,7 +277,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2, default=str) + "\n")
     chart(rows, args.out.with_suffix(".png"), f"gRPC vs binary HTTP, {report['settings']['models_dir']} models, "
-          f"concurrency {args.concurrency}, {args.rounds} round(s), load avg {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")  # fmt: skip
+          f"concurrency {args.concurrency}, {args.rounds} round(s), load avg {os.getloadavg()[0]:.1f} "
+          f"on {os.cpu_count()} CPUs")  # fmt: skip
     print(markdown(rows))
     print(json.dumps(report["ratios"], indent=2))
     return report

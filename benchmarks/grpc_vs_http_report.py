@@ -50,9 +50,10 @@ def summarize(
     return rows
 
 
-def _find(rows: Sequence[Mapping[str, Any]], payload: str, server: str, input_: str, protocol: str) -> Mapping[str, Any] | None:  # fmt: skip
+def _find(rows: Sequence[Mapping[str, Any]], *key: str) -> Mapping[str, Any] | None:
+    """The row of (payload, server, input, protocol), or None."""
     for row in rows:
-        if (row["payload"], row["server"], row["input"], row["protocol"]) == (payload, server, input_, protocol):
+        if tuple(row[k] for k in KEY) == key:
             return row
     return None
 
@@ -67,9 +68,9 @@ def ratios(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per payload: gRPC against binary HTTP on each server, LARA's gRPC against Triton's, and the targets."""
     out: dict[str, dict[str, Any]] = {}
     for payload in dict.fromkeys(r["payload"] for r in rows):
-        lara_grpc, lara_http = _find(rows, payload, "lara", "tensors", "grpc"), _find(rows, payload, "lara", "tensors", "http")  # fmt: skip
-        raw_grpc, raw_http = _find(rows, payload, "lara", "raw", "grpc"), _find(rows, payload, "lara", "raw", "http")
-        triton_grpc, triton_http = _find(rows, payload, "triton", "tensors", "grpc"), _find(rows, payload, "triton", "tensors", "http")  # fmt: skip
+        lara_grpc, lara_http = (_find(rows, payload, "lara", "tensors", p) for p in ("grpc", "http"))
+        raw_grpc, raw_http = (_find(rows, payload, "lara", "raw", p) for p in ("grpc", "http"))
+        triton_grpc, triton_http = (_find(rows, payload, "triton", "tensors", p) for p in ("grpc", "http"))
         entry: dict[str, Any] = {
             "lara_grpc_over_http_p50": _ratio(lara_grpc, lara_http, "p50_ms"),
             "lara_raw_grpc_over_http_p50": _ratio(raw_grpc, raw_http, "p50_ms"),
@@ -95,7 +96,8 @@ def _fmt(value: float | None, digits: int = 1) -> str:
 
 def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     lines = [
-        "| payload | server, input | protocol | p50 (ms) | p50 over rounds | p99 (ms) | overhead p50 (ms) | throughput (req/s) |",
+        "| payload | server, input | protocol | p50 (ms) | p50 over rounds | p99 (ms) | overhead p50 (ms) "
+        "| throughput (req/s) |",
         "|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:

@@ -258,8 +258,16 @@ def main() -> int:
     env = {"LARA_MODEL_REPOSITORY": str(DEFAULT_MODEL_REPOSITORY), "LARA_MODELS": args.model,
            "LARA_ORT_ATTENTION": args.ort_attention}  # fmt: skip
     cells: dict[str, Any] = {}
-    peer = pytriton_peer.running(python, {args.model: onnx}, args.ort_library, args.max_batch_size,
-                                 round(args.max_queue_delay_ms * 1000), args.start_timeout_s, args.num_threads)  # fmt: skip
+    delay_us = round(args.max_queue_delay_ms * 1000)
+    peer = pytriton_peer.running(
+        python,
+        {args.model: onnx},
+        args.ort_library,
+        args.max_batch_size,
+        delay_us,
+        args.start_timeout_s,
+        args.num_threads,
+    )
     with server_process(flags, env=env) as lara_url, peer as triton:
         triton_url, tm = f"http://{triton.http}", triton.metrics
         # Both are up (idle) during every measurement, so each sees the same background.
