@@ -76,6 +76,15 @@ test: setup lint
 bench: setup
 	$(PY) -m benchmarks.attention
 
+# The Triton peer's venv (.venv-triton, Debian's /usr/bin/python3: pytriton's stub fails under pyenv's) for
+# benchmarks.grpc_vs_http and triton_peer; idempotent. BENCH_ARGS, e.g. "--models-dir model_repository".
+.PHONY: bench-triton-env bench-grpc
+bench-triton-env: $(STAMP)
+	$(PY) -m benchmarks.pytriton_peer setup
+
+bench-grpc: bench-triton-env $(ORT_HEADERS)
+	$(PY) -m benchmarks.grpc_vs_http $(BENCH_ARGS)
+
 # The documentation site: MkDocs + Material into site/ (ignored); --strict fails on a broken link.
 docs: $(STAMP)
 	$(VENV)/bin/mkdocs build --strict --site-dir site

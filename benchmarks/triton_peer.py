@@ -1,14 +1,10 @@
 """Side-by-side benchmark (not a test): LARA Serve vs a real Triton Inference Server, same model, 127.0.0.1 only.
 
-The peer is NVIDIA Triton (tritonserver inside PyPI `nvidia-pytriton` 0.7.0) serving the SAME
-`model_repository/<model>/1/model.onnx` through a pytriton Python inference callable that runs an
-onnxruntime InferenceSession on each batch Triton's dynamic batcher forms (max batch 32, 2 ms queue delay,
-like the LARA server's defaults). pytriton needs Debian's /usr/bin/python3 (3.11.2), so the peer runs as a
-subprocess of a separate venv's python (platform.md, "Serving protocol and real clients"):
-
-    apt-get install -y python3-venv
-    /usr/bin/python3 -m venv /tmp/pytriton-venv
-    /tmp/pytriton-venv/bin/pip install nvidia-pytriton==0.7.0 onnxruntime==<the project's> numpy
+The peer is NVIDIA Triton (tritonserver inside PyPI `nvidia-pytriton` 0.7.0, benchmarks/pytriton_peer.py)
+serving the SAME `model_repository/<model>/1/model.onnx` through a pytriton Python inference callable that
+runs an onnxruntime InferenceSession on each batch Triton's dynamic batcher forms (max batch 32, 2 ms
+queue delay, like the LARA server's defaults). pytriton needs Debian's /usr/bin/python3 (3.11.2), so the
+peer runs under its own venv, `.venv-triton/`, made on demand (or `make bench-triton-env`).
 
 The driver (project venv) then measures both servers with ONE load generator, tritonclient's asyncio HTTP
 client (KServe v2 protocol, binary tensor extension), at the same concurrency on the same documents:
@@ -17,11 +13,10 @@ tokenization), plus LARA Serve fed raw UTF-8 text (BYTES `raw`) as an extra row.
 documents of at least 2,048 bytes cut to exactly 2,048 bytes (model_export.data.load_news), else
 synthetic text (clients.loadtest.make_doc). No document text is written to the results.
 
-    .venv/bin/python benchmarks/triton_peer.py [--pytriton-python /tmp/pytriton-venv/bin/python]
+    .venv/bin/python benchmarks/triton_peer.py [--pytriton-python PATH]
     PYTRITON_PYTHON=/path/to/python .venv/bin/python benchmarks/triton_peer.py --requests 600 --seconds 30
 
 Writes benchmarks/results/server_vs_triton.json and prints a markdown table.
-(`triton_peer.py serve ...` is the peer itself; the driver starts it.)
 """
 
 from __future__ import annotations
@@ -31,163 +26,14 @@ import asyncio
 import json
 import os
 import platform
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_PYTRITON_PYTHON = "/tmp/pytriton-venv/bin/python"
-SETUP_HELP = """\
-the Triton peer needs a python with nvidia-pytriton==0.7.0, onnxruntime and numpy installed. pytriton's
-tritonserver stub fails under the pyenv python, so use a venv of Debian's /usr/bin/python3 (3.11.2):
-    apt-get install -y python3-venv
-    /usr/bin/python3 -m venv /tmp/pytriton-venv
-    /tmp/pytriton-venv/bin/pip install nvidia-pytriton==0.7.0 onnxruntime==<as in .venv> numpy
-then pass --pytriton-python /tmp/pytriton-venv/bin/python (or set PYTRITON_PYTHON)."""
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-# -- the peer (runs under the pytriton venv's python; only numpy, onnxruntime, pytriton there) -----------------
-
-
-def serve(args: argparse.Namespace) -> int:
-    import numpy as np
-    import onnxruntime as ort
-    from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
-    from pytriton.triton import Triton, TritonConfig
-
-    options = ort.SessionOptions()
-    if args.num_threads:
-        options.intra_op_num_threads = args.num_threads
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL  # as server/backends/onnx_runtime.py
-    if args.ort_library:  # the fused LaraAttention kernel, as LARA Serve runs it by default
-        options.register_custom_ops_library(args.ort_library)
-    session = ort.InferenceSession(str(args.onnx), sess_options=options, providers=["CPUExecutionProvider"])
-    input_names = [i.name for i in session.get_inputs()]
-    output_name = session.get_outputs()[0].name
-    per_item = session.get_outputs()[0].shape[1:]  # logits [batch, 5] -> (5,) per request item
-    output_shape = tuple(d if isinstance(d, int) else -1 for d in per_item)
-
-    def infer(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        # Triton's dynamic batcher only merges requests of equal shape, but pad to the longest anyway.
-        sizes = [len(r["input_ids"]) for r in requests]
-        width = max(r["input_ids"].shape[1] for r in requests)
-        feeds = {}
-        for name in input_names:
-            padded = np.zeros((sum(sizes), width), dtype=np.int64)
-            row = 0
-            for r in requests:
-                a = r[name]
-                padded[row : row + len(a), : a.shape[1]] = a
-                row += len(a)
-            feeds[name] = padded
-        (logits,) = session.run([output_name], feeds)
-        bounds = np.cumsum([0, *sizes])
-        return [{output_name: logits[b:e]} for b, e in zip(bounds[:-1], bounds[1:], strict=True)]
-
-    config = TritonConfig(
-        http_address="127.0.0.1",
-        http_port=args.http_port,
-        grpc_address="127.0.0.1",
-        grpc_port=args.grpc_port,
-        metrics_address="127.0.0.1",
-        metrics_port=args.metrics_port,
-        allow_gpu_metrics=False,
-        exit_on_error=True,
-    )
-
-    def on_term(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt  # serve() catches it and stops tritonserver and the proxy cleanly
-
-    signal.signal(signal.SIGTERM, on_term)
-    with Triton(config=config) as triton:
-        triton.bind(
-            model_name=args.model,
-            infer_func=infer,
-            inputs=[Tensor(name=n, dtype=np.int64, shape=(-1,)) for n in input_names],
-            outputs=[Tensor(name=output_name, dtype=np.float32, shape=output_shape)],
-            config=ModelConfig(
-                max_batch_size=args.max_batch_size,
-                batcher=DynamicBatcher(max_queue_delay_microseconds=args.max_queue_delay_us),
-            ),
-            strict=False,
-        )
-        triton.serve()
-    return 0
-
-
-# -- the driver (project venv) ----------------------------------------------------------------------------
-
-
-def resolve_pytriton_python(given: str | None) -> str:
-    path = given or os.environ.get("PYTRITON_PYTHON") or DEFAULT_PYTRITON_PYTHON
-    if not Path(path).is_file():
-        raise SystemExit(f"error: pytriton python {path!r} not found.\n{SETUP_HELP}")
-    probe = subprocess.run(
-        [path, "-c", "import pytriton, onnxruntime, numpy; print(onnxruntime.__version__)"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    if probe.returncode != 0:
-        raise SystemExit(
-            f"error: {path} cannot import pytriton/onnxruntime/numpy:\n{probe.stderr[-1500:]}\n{SETUP_HELP}"
-        )
-    return path
-
-
-def wait_ready(url: str, ready_path: str, proc: subprocess.Popen[bytes], log: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            log.seek(0)
-            raise RuntimeError(f"{what} did not become ready:\n{log.read().decode(errors='replace')[-4000:]}")
-        try:
-            with urllib.request.urlopen(f"{url}{ready_path}", timeout=1.0) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.2)
-
-
-@contextmanager
-def triton_peer(python: str, onnx: Path, model: str, args: argparse.Namespace) -> Any:
-    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
-    cmd = [python, str(Path(__file__).resolve()), "serve", "--onnx", str(onnx), "--model", model,
-           "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
-           "--max-batch-size", str(args.max_batch_size),
-           "--max-queue-delay-us", str(round(args.max_queue_delay_ms * 1000)),
-           "--num-threads", str(args.num_threads)]  # fmt: skip
-    if args.ort_library:
-        cmd += ["--ort-library", args.ort_library]
-    with tempfile.TemporaryFile() as log:
-        # Own session: on a hung stop, its whole group (tritonserver, the proxy) is killed, nothing else.
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            url = f"http://127.0.0.1:{http_port}"
-            wait_ready(url, f"/v2/models/{model}/ready", proc, log, args.start_timeout_s, "the Triton peer")
-            yield url, f"http://127.0.0.1:{metrics_port}/metrics"
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
 
 
 def load_docs(n_bytes: int, count: int) -> tuple[list[bytes], str]:
@@ -329,20 +175,8 @@ def outputs_parity(lara_url: str, triton_url: str, model: str, inputs: list[Any]
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command")
-    peer = sub.add_parser("serve", help="run the Triton peer (under the pytriton venv's python)")
-    peer.add_argument("--onnx", type=Path, required=True)
-    peer.add_argument("--model", required=True)
-    peer.add_argument("--http-port", type=int, required=True)
-    peer.add_argument("--grpc-port", type=int, required=True)
-    peer.add_argument("--metrics-port", type=int, required=True)
-    peer.add_argument("--max-batch-size", type=int, default=32)
-    peer.add_argument("--max-queue-delay-us", type=int, default=2000)
-    peer.add_argument("--num-threads", type=int, default=0)
-    peer.add_argument("--ort-library", default="", help="custom-op library to register (the fused kernel)")
-
     parser.add_argument(
-        "--pytriton-python", default=None, help=f"env PYTRITON_PYTHON; default {DEFAULT_PYTRITON_PYTHON}"
+        "--pytriton-python", default=None, help="env PYTRITON_PYTHON; default .venv-triton (made on demand)"
     )
     parser.add_argument("--model", default="lara-text-news")
     parser.add_argument("--concurrency", type=int, default=32)
@@ -362,13 +196,16 @@ def main() -> int:
     parser.add_argument("--start-timeout-s", type=float, default=180.0)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "server_vs_triton.json")
     args = parser.parse_args()
-    if args.command == "serve":
-        return serve(args)
     if args.requests > 5000 or args.seconds > 120:
         parser.error("keep each measurement bounded: --requests <= 5000 and --seconds <= 120")
 
-    python = resolve_pytriton_python(args.pytriton_python)
     sys.path.insert(0, str(ROOT))
+    from benchmarks import pytriton_peer
+
+    given = args.pytriton_python or os.environ.get("PYTRITON_PYTHON")
+    python = Path(given) if given else pytriton_peer.ensure_env()
+    if (why := pytriton_peer.probe(python)) is not None:
+        parser.error(f"{why}\n(`make bench-triton-env` makes {pytriton_peer.VENV}, the default)")
     args.ort_library = ""
     if args.ort_attention == "fused":
         from kernels import ort_library
@@ -421,7 +258,18 @@ def main() -> int:
     env = {"LARA_MODEL_REPOSITORY": str(DEFAULT_MODEL_REPOSITORY), "LARA_MODELS": args.model,
            "LARA_ORT_ATTENTION": args.ort_attention}  # fmt: skip
     cells: dict[str, Any] = {}
-    with server_process(flags, env=env) as lara_url, triton_peer(python, onnx, args.model, args) as (triton_url, tm):
+    delay_us = round(args.max_queue_delay_ms * 1000)
+    peer = pytriton_peer.running(
+        python,
+        {args.model: onnx},
+        args.ort_library,
+        args.max_batch_size,
+        delay_us,
+        args.start_timeout_s,
+        args.num_threads,
+    )
+    with server_process(flags, env=env) as lara_url, peer as triton:
+        triton_url, tm = f"http://{triton.http}", triton.metrics
         # Both are up (idle) during every measurement, so each sees the same background.
         parity = outputs_parity(lara_url, triton_url, args.model, [lambda i=i: sync_tensor_inputs(i) for i in range(4)])
         print(f"parity: {json.dumps(parity)}", file=sys.stderr)
@@ -434,11 +282,6 @@ def main() -> int:
         if not args.no_raw:
             cells["lara_raw_text"] = run_cell("lara (raw text)", lara_url, args.model, raw_inputs, len(docs), args, lm)
 
-    pytriton_versions = subprocess.run(
-        [python, "-c", "import importlib.metadata as m, onnxruntime as o, platform as p; "
-         "print(m.version('nvidia-pytriton'), o.__version__, p.python_version())"],
-        capture_output=True, text=True, timeout=60,
-    ).stdout.split()  # fmt: skip
     report = {
         "model": args.model,
         "onnx": str(onnx.relative_to(ROOT)),
@@ -458,9 +301,7 @@ def main() -> int:
         },
         "triton": {
             "server": "tritonserver (nvidia-pytriton) + Python callable running onnxruntime",
-            "pytriton": pytriton_versions[0] if pytriton_versions else None,
-            "onnxruntime": pytriton_versions[1] if len(pytriton_versions) > 1 else None,
-            "python": pytriton_versions[2] if len(pytriton_versions) > 2 else None,
+            **pytriton_peer.versions(python),
         },
         "parity": parity,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
