@@ -22,9 +22,9 @@ def _need(path: Path) -> None:
 
 
 # The robust recipes (issue 35) traded clean accuracy for robustness, chosen on holdouts: ViT 92.27% -> 90.91%
-# on t10k (rotated 15 degrees on the holdout 79.9% -> 90.6%), news 97.7% -> 96.3% (upper-cased holdout 30.7%
+# on t10k (rotated 15 degrees on the holdout 79.9% -> 90.6%), then 91.44% after a second cycle, news 97.7% -> 96.3% (upper-cased holdout 30.7%
 # -> 97.3%). The floors sit just under the shipped figures, so a worse retrain still fails here.
-@pytest.mark.parametrize(("path", "target"), [(VIT, 0.905), (TEXT, 0.96)], ids=["vit", "text"])
+@pytest.mark.parametrize(("path", "target"), [(VIT, 0.91), (TEXT, 0.96)], ids=["vit", "text"])
 def test_artifact_layout_and_size(path, target):
     _need(path)
     conf = json.loads((path / "config.json").read_text())
