@@ -3,6 +3,7 @@
 
     .venv/bin/python -m benchmarks.reliability                  # every case (a few minutes on 2 cores)
     .venv/bin/python -m benchmarks.reliability deadlines reloads --cycles 20
+    .venv/bin/python -m benchmarks.reliability bodies documents --large-texts 8 --docs 200   # lighter
 
 Columns: load held (requests answered as intended under the case's load), faults survived (reloads,
 tricklers closed in time, over-cap clients that read their 503), bad inputs tried, requests lost (never
@@ -22,11 +23,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import reliability_bodies as bodies
 from benchmarks import reliability_cases as cases
 from server.synthetic import make_image_model, make_text_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
-CASES = ("deadlines", "reloads", "inputs", "bodies", "connections")
+CASES = ("deadlines", "reloads", "inputs", "bodies", "documents", "connections")
 
 
 def make_repository(root: Path) -> Path:
@@ -47,7 +49,9 @@ async def run(names: list[str], args: argparse.Namespace, repo: Path) -> list[ca
         elif name == "inputs":
             row = await cases.hostile_inputs(repo, fuzz_cases=args.fuzz)
         elif name == "bodies":
-            row = await cases.large_bodies(repo, size=args.body_mb * 1_000_000)
+            row = await bodies.large_bodies(repo, args.body_mb * 1_000_000, args.large_json, args.large_texts)
+        elif name == "documents":
+            row = await bodies.documents(repo, count=args.docs)
         else:
             row = await cases.connections(repo)
         row.detail["seconds"] = round(time.monotonic() - start, 1)
@@ -74,6 +78,9 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=50, help="unload/reload cycles under load")
     parser.add_argument("--fuzz", type=int, default=1500, help="fuzzed v2 requests")
     parser.add_argument("--body-mb", type=int, default=16, help="size of each large body (MB)")
+    parser.add_argument("--large-json", type=int, default=8, help="large v2 JSON bodies at once")
+    parser.add_argument("--large-texts", type=int, default=24, help="large raw texts at once")
+    parser.add_argument("--docs", type=int, default=1000, help="concurrent 64 KB documents")
     parser.add_argument("--out", type=Path, default=RESULTS / "reliability.json")
     args = parser.parse_args()
     names = args.cases or list(CASES)

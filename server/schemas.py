@@ -44,11 +44,16 @@ async def run_parser(parse: Callable[..., T], *args: Any) -> T:
     return await asyncio.get_running_loop().run_in_executor(_parser, parse, *args)
 
 
+async def run_sized(size: int, work: Callable[..., T], *args: Any) -> T:
+    """`work(*args)` on the event loop for up to OFF_LOOP_BYTES of input, else in the parser thread."""
+    if size > OFF_LOOP_BYTES:
+        return await run_parser(work, *args)
+    return work(*args)
+
+
 async def parse_large(model: type[B], raw: bytes, expected: str) -> B:
     """`parse_body`, in the parser thread for bodies over OFF_LOOP_BYTES, so the event loop stays free."""
-    if len(raw) > OFF_LOOP_BYTES:
-        return await run_parser(parse_body, model, raw, expected)
-    return parse_body(model, raw, expected)
+    return await run_sized(len(raw), parse_body, model, raw, expected)
 
 
 def short_errors(exc: ValidationError) -> str:

@@ -21,13 +21,13 @@ from fastapi.responses import JSONResponse, RedirectResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from server.errors import invalid, too_large
-from server.inputs import model_bytes, parse_content_type
+from server.inputs import parse_content_type
 from server.model_card import FORM_TYPES
 from server.models import Scored, ServedModel
 from server.preprocess import Item, truncation_side
-from server.routes.common import AppState, State, require_api_key, timing_headers, track
+from server.routes.common import AppState, State, read_body, require_api_key, timing_headers, track, upload_bytes
 from server.routes.v1 import _form_files, _to_items
-from server.schemas import ErrorBody, parse_body
+from server.schemas import ErrorBody, parse_large
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody} for code in (400, 401, 404, 413, 415, 422, 429, 503, 504)
@@ -115,7 +115,7 @@ async def tei_predict(
         served = state.model(name)
         if served.config.task != "text":
             raise invalid(f"POST /predict serves text models; {name!r} is an image model (use :classify)")
-        body = parse_body(TEIPredictRequest, await request.body(), "body must be TEI's {'inputs': ..., ...}")
+        body = await parse_large(TEIPredictRequest, await read_body(request), "body must be TEI's {'inputs': ..., ...}")
         texts, batched = _tei_texts(body.inputs)
         if len(texts) > state.settings.max_queue_size:
             raise too_large(f"{len(texts)} inputs; at most max_queue_size={state.settings.max_queue_size}")
@@ -180,7 +180,7 @@ async def torchserve_predict(
         if parse_content_type(content_type)[0] in FORM_TYPES:
             files = [data for _, data in await _form_files(request, model, state.settings.max_queue_size)]
         else:
-            files = [model_bytes(model.config.task, model.name, await request.body(), content_type)]
+            files = [await upload_bytes(model, request)]
         items = await _to_items(model, files, truncation_side(truncate), state.settings.max_image_pixels)
         scored, headers = await _run(state, model, items)
         k = min(top_k or state.settings.default_top_k, len(model.config.labels))

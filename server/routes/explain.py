@@ -9,9 +9,9 @@ from fastapi.responses import JSONResponse
 
 from server import explain as explainer
 from server.preprocess import truncation_side
-from server.routes.common import State, predictions, require_api_key, timing_headers, track
+from server.routes.common import State, predictions, read_body, require_api_key, timing_headers, track
 from server.routes.v1 import _ERRORS, _TRUNCATE_QUERY, _instance_bytes, _to_items
-from server.schemas import Explanation, V1ExplainRequest, V1ExplainResponse, parse_body
+from server.schemas import Explanation, V1ExplainRequest, V1ExplainResponse, parse_large
 
 router = APIRouter(tags=["v1"], dependencies=[Depends(require_api_key)], responses=_ERRORS)
 
@@ -33,7 +33,7 @@ async def explain(
         model = state.model(name)
         explainer.require_text(model)
         expected = "body must be {'instances': [...], 'parameters': {...}}"
-        body = parse_body(V1ExplainRequest, await request.body(), expected)
+        body = await parse_large(V1ExplainRequest, await read_body(request), expected)
         raw = [_instance_bytes(model, i, n) for n, i in enumerate(body.instances)]
         side = truncation_side(body.parameters.truncate) or truncation_side(truncate)
         items = await _to_items(model, raw, side, settings.max_image_pixels)

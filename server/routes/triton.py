@@ -21,7 +21,8 @@ from server.errors import ErrorKind, ServeError, clean_message, invalid, malform
 from server.model_card import describe
 from server.models import RAW_INPUT, ServedModel, load_models
 from server.repository import RepositoryError, discover
-from server.routes.common import AppState, State, require_api_key
+from server.routes.common import AppState, State, read_body, require_api_key
+from server.schemas import run_sized
 
 router = APIRouter(tags=["v2 (Triton extensions)"], dependencies=[Depends(require_api_key)])
 
@@ -123,11 +124,11 @@ _UNLOADED = "unloaded (POST /v2/repository/models/{name}/load loads it)"
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
-    raw = await request.body()
+    raw = await read_body(request)
     if not raw.strip():
         return {}
     try:
-        body = json.loads(raw)
+        body = await run_sized(len(raw), json.loads, raw)
     except (ValueError, UnicodeDecodeError):
         raise malformed("body must be a JSON object (or empty)") from None
     if not isinstance(body, dict):

@@ -16,8 +16,16 @@ from server.inputs import model_bytes, parse_content_type
 from server.model_card import ANY_TYPES, FORM_TYPES, IMAGE_TYPES, TEXT_TYPES, describe
 from server.models import ServedModel
 from server.preprocess import Item, truncation_side
-from server.routes.common import State, predictions, require_api_key, timing_headers, track
-from server.schemas import B64Instance, ClassifyResponse, ErrorBody, V1PredictRequest, V1PredictResponse, parse_large
+from server.routes.common import State, predictions, read_body, require_api_key, timing_headers, track, upload_bytes
+from server.schemas import (
+    B64Instance,
+    ClassifyResponse,
+    ErrorBody,
+    V1PredictRequest,
+    V1PredictResponse,
+    parse_large,
+    run_sized,
+)
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody} for code in (400, 401, 404, 413, 415, 422, 429, 503, 504)
@@ -74,7 +82,7 @@ async def predict(
     with track(state, name):
         model = state.model(name)
         expected = "body must be {'instances': [...], 'parameters': {...}}"
-        raw_body = await request.body()
+        raw_body = await read_body(request)
         if raw_body.lstrip()[:1] not in (b"{", b"["):  # a file or plain text: that is what :classify takes
             expected += f"; to send a raw text or image file as the body, POST it to /v1/models/{name}:classify"
         body = await parse_large(V1PredictRequest, raw_body, expected)
@@ -83,7 +91,7 @@ async def predict(
                 ErrorKind.TOO_LARGE,
                 f"{len(body.instances)} instances; at most max_queue_size={settings.max_queue_size}",
             )
-        raw = [_instance_bytes(model, i, n) for n, i in enumerate(body.instances)]
+        raw = await run_sized(len(raw_body), _instances_bytes, model, body.instances)  # 16 MB of base64: ~20 ms
         side = truncation_side(body.parameters.truncate) or truncation_side(truncate)
         items = await _to_items(model, raw, side, settings.max_image_pixels)
         results = await model.classify(items, settings.request_timeout_s)
@@ -134,7 +142,7 @@ async def classify(
         if parse_content_type(content_type)[0] in FORM_TYPES:
             named = await _form_files(request, model, settings.max_queue_size)
         else:
-            named = [(None, model_bytes(model.config.task, model.name, await request.body(), content_type))]
+            named = [(None, await upload_bytes(model, request))]
         items = await _to_items(
             model, [data for _, data in named], truncation_side(truncate), settings.max_image_pixels
         )
@@ -176,6 +184,10 @@ async def _form_files(request: Request, model: ServedModel, max_files: int) -> l
     if not named:
         raise invalid("the multipart body has no file part; send e.g. -F file=@shoe.png")
     return named
+
+
+def _instances_bytes(model: ServedModel, instances: list[str | B64Instance]) -> list[bytes]:
+    return [_instance_bytes(model, instance, n) for n, instance in enumerate(instances)]
 
 
 def _instance_bytes(model: ServedModel, instance: str | B64Instance, index: int) -> bytes:

@@ -16,7 +16,7 @@ from server.inputs import b64_elements
 from server.model_card import describe
 from server.models import RAW_INPUT, Scored, ServedModel
 from server.preprocess import Item, image_items_from_tensors, text_items_from_tensors, truncation_side
-from server.routes.common import AppState, State, bool_param, require_api_key, timing_headers, track
+from server.routes.common import AppState, State, bool_param, read_body, require_api_key, timing_headers, track
 from server.routes.triton import EXTENSIONS, class_count, classification
 from server.schemas import ErrorBody, V2InferResponse
 from server.settings import Settings
@@ -99,7 +99,7 @@ async def infer(name: str, request: Request, state: State, version: str | None =
     `probabilities`). Models with an ood_score output also give `ood_score` (FP32) and `in_distribution` (BOOL)."""
     with track(state, name):
         model = state.model(name, version)
-        body = await request.body()
+        body = await read_body(request)
         decoded = await decode_request_off_loop(body, parse_header_length(request.headers.get(HEADER_LENGTH)))
         params = decoded.request.parameters
         answer = await run_infer(state, model, decoded, state.settings.request_timeout_s)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import threading
 import time
 import tracemalloc
 from collections.abc import Callable
@@ -18,6 +19,8 @@ import pytest
 from server_helpers import IMAGE, MAX_LENGTH, TEXT, asgi_post, png_bytes, serve
 
 import server.models
+import server.routes.common
+import server.schemas
 from server import Settings, create_app
 from server.preprocess import text_item
 from server.repository import TextPreprocessing, read_config
@@ -158,3 +161,68 @@ async def test_a_small_image_is_not_stuck_behind_many_large_uploads(
     # 8 uploads x 30 images x 0.04 s = 9.6 s of decoding on 2 threads; one decode per upload at a time
     # means the small image waits for about 8 decodes / 2 threads, not for whole uploads.
     assert waited < 1.0, f"the small image waited {waited:.2f} s"
+
+
+async def test_large_uploads_are_joined_and_decoded_off_the_event_loop(
+    make_settings: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 2 MB raw text: joining its chunks and sniffing it (a UTF-8 check of every byte) or converting its
+    charset run in the parser thread, not on the event loop; a small text stays on the loop (a thread
+    hand-off costs more than the work). Answers are the same either way."""
+    loop_thread = threading.get_ident()  # the in-process app runs on the test's event loop
+    on_loop: list[tuple[int, bool]] = []
+    real_model_bytes = server.routes.common.model_bytes
+
+    def recording_model_bytes(task: str, name: str, data: bytes, content_type: str | None) -> bytes:
+        on_loop.append((len(data), threading.get_ident() == loop_thread))
+        return real_model_bytes(task, name, data, content_type)
+
+    off_loop: list[str] = []
+    real_run_parser = server.schemas.run_parser
+
+    async def recording_run_parser(work: Callable[..., Any], *args: Any) -> Any:
+        off_loop.append(getattr(work, "__name__", ""))
+        return await real_run_parser(work, *args)
+
+    monkeypatch.setattr(server.routes.common, "model_bytes", recording_model_bytes)
+    monkeypatch.setattr(server.schemas, "run_parser", recording_run_parser)
+    large, small = b"caf\xe9 " * (2 << 18), b"caf\xe9 " * 1000  # latin-1 bytes: not UTF-8
+    url = f"/v1/models/{TEXT}:classify?truncate=tail"
+    async with serve(make_settings()) as client:
+        for body in (large, small):
+            latin1 = await client.post(url, content=body, headers={"Content-Type": "text/plain; charset=iso-8859-1"})
+            utf8 = await client.post(url, content=body.decode("latin-1").encode())  # sniffed: no Content-Type
+            assert latin1.status_code == utf8.status_code == 200
+            assert latin1.json()["label"] == utf8.json()["label"] and utf8.json()["truncated"]
+        not_text = await client.post(url, content=b"\xff" * len(large))  # the whole body is still checked
+        assert not_text.status_code == 415 and "is not text" in not_text.json()["error"]
+    assert [(size > 1 << 20, loop) for size, loop in on_loop] == [(True, False)] * 2 + [(False, True)] * 2 + [
+        (True, False)
+    ]
+    assert off_loop.count("join") == 3 and off_loop.count("recording_model_bytes") == 3
+
+
+async def test_memory_is_handed_back_once_idle_after_a_burst(
+    make_settings: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After TRIM_AFTER_CONCURRENT or more requests at once, the allocator's free memory is handed back
+    once no request has been in flight for TRIM_IDLE_S; a few requests at a time never trim."""
+    trims: list[float] = []
+    monkeypatch.setattr(server.routes.common, "release_free_memory", lambda: trims.append(time.perf_counter()))
+    monkeypatch.setattr(server.routes.common, "TRIM_IDLE_S", 0.2)
+    url = f"/v1/models/{TEXT}:classify?truncate=head"
+    async with serve(make_settings()) as client:
+
+        async def burst(n: int) -> float:
+            answers = await asyncio.gather(*(client.post(url, content=b"x" * 4096) for _ in range(n)))
+            assert [a.status_code for a in answers] == [200] * n
+            return time.perf_counter()
+
+        await burst(4)
+        await asyncio.sleep(0.5)
+        assert trims == []
+        done = await burst(server.routes.common.TRIM_AFTER_CONCURRENT + 8)
+        await asyncio.sleep(0.1)
+        assert trims == []  # not idle for long enough yet
+        await asyncio.sleep(0.5)
+        assert len(trims) == 1 and trims[0] - done >= 0.2
