@@ -159,7 +159,7 @@ def compare_attention(
     so all see the same load. `--before REV --before-attention fused` times a retrained model against the
     one it replaced, both on today's code and kernel."""
     texts, labels = text_docs("news", "test")
-    env = {"LARA_NUM_THREADS": str(threads), "LARA_MAX_QUEUE_DELAY_MS": "2"}
+    env = {"LARA_NUM_THREADS": str(threads), "LARA_MAX_QUEUE_DELAY_MS": "2", "LARA_REQUEST_TIMEOUT_S": "600"}
     servers = {"body": (REPO, "body"), "fused": (REPO, "fused")}
     with ExitStack() as stack:
         if before:
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
     lengths = [int(x) for x in args.lengths.split(",")]
     if args.compare_ort_attention:
         result = compare_attention(args.model, lengths, args.repeats, args.threads, args.before, args.before_attention)
-        path = write_json("long_serving_ort_attention.json", {"environment": environment(), **result})
+        path = write_json(args.out_name, {"environment": environment(), **result})
         kinds = [k for k in ("before", "body", "fused") if f"{k}_batch1_ms" in result["rows"][0]]
         headers = ["bytes"] + [f"{k} {b} (ms)" for b in ("1 doc", "8 docs") for k in kinds]
         headers += [f"fused/{k} {b}" for b in ("1 doc", "8 docs") for k in kinds if k != "fused"]
