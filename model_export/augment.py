@@ -132,7 +132,9 @@ def _pseudo(rng: random.Random, length: int) -> bytes:
 
     def word() -> str:
         return "".join(
-            rng.choice(consonants) * (rng.random() < 0.8) + rng.choice(vowels) + rng.choice(consonants) * (rng.random() < 0.3)
+            rng.choice(consonants) * (rng.random() < 0.8)
+            + rng.choice(vowels)
+            + rng.choice(consonants) * (rng.random() < 0.3)
             for _ in range(rng.randrange(1, max_syllables + 1))
         )
 
