@@ -84,8 +84,23 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+def _train(repo: Path, form: str, *extra: str) -> Path:
+    out = repo / "repo" / f"{form}-model"
+    argv = ["train", str(repo / FORMS[form]), "--out", str(out), *TINY_TEXT, "--epochs", "2", "--lr", "3e-3",
+            "--no-baseline", *extra]  # fmt: skip
+    assert lara(argv) == 0
+    return out
+
+
 @pytest.fixture(scope="module")
-def live_url(repo: Path) -> Iterator[str]:
+def models(repo: Path) -> dict[str, Path]:
+    """The CSV model is trained before the server starts (a server needs one model to start) and is served
+    from its start; the other forms are trained while it runs and added with --load-into."""
+    return {"csv": _train(repo, "csv")}
+
+
+@pytest.fixture(scope="module")
+def live_url(repo: Path, models: dict[str, Path]) -> Iterator[str]:
     env = {"LARA_MODEL_REPOSITORY": str(repo / "repo"), "LARA_MODEL_CONTROL": "explicit", "LARA_NUM_THREADS": "1",
            "LARA_MAX_QUEUE_DELAY_MS": "1"}  # fmt: skip
     with server_process(["--log-level", "warning"], env=env) as url:
@@ -93,18 +108,13 @@ def live_url(repo: Path) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def trained(repo: Path, live_url: str) -> Callable[[str], Path]:
-    """form -> its model folder, trained (once) at a tiny budget and loaded into the live server."""
-    done: dict[str, Path] = {}
+def trained(repo: Path, models: dict[str, Path], live_url: str) -> Callable[[str], Path]:
+    """form -> its model folder, trained (once) at a tiny budget and served by the live server."""
 
     def train(form: str) -> Path:
-        if form not in done:
-            out = repo / "repo" / f"{form}-model"
-            argv = ["train", str(repo / FORMS[form]), "--out", str(out), *TINY_TEXT, "--epochs", "2", "--lr", "3e-3",
-                    "--no-baseline", "--load-into", live_url]  # fmt: skip
-            assert lara(argv) == 0
-            done[form] = out
-        return done[form]
+        if form not in models:
+            models[form] = _train(repo, form, "--load-into", live_url)
+        return models[form]
 
     return train
 
