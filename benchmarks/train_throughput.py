@@ -35,6 +35,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 OUT = RESULTS / "train_throughput.json"
 SIZES_KB = (4, 16, 64)
 LABELS = ("alpha", "beta", "gamma", "delta")
+RECIPE_TOKENS = 24576  # model_export.userrecipe.length_mix's tokens_per_batch
 
 
 def documents(n: int, kb: int, seed: int = 0) -> tuple[list[bytes], list[int]]:
@@ -72,7 +73,7 @@ class _FixedBatches:
         self.asked.append(time.perf_counter())
 
 
-def _recipe_batches(kb: int, n_docs: int, count: int) -> tuple[list[tuple[Any, Any]], dict[str, float]]:
+def _recipe_batches(kb: int, n_docs: int, count: int, tokens: int) -> tuple[list[tuple[Any, Any]], dict[str, float]]:
     """`count` batches of the default text recipe over documents of kb KB; and the data side's cost."""
     import torch
 
@@ -80,7 +81,7 @@ def _recipe_batches(kb: int, n_docs: int, count: int) -> tuple[list[tuple[Any, A
     from model_export.userrecipe import capped, length_mix, text_augment
 
     docs, labels = documents(n_docs, kb)
-    task = LengthMixTask(docs, torch.tensor(labels), 65536, **length_mix(65536))
+    task = LengthMixTask(docs, torch.tensor(labels), 65536, **{**length_mix(65536), "tokens_per_batch": tokens})
     aug = text_augment(65536)
     assert aug is not None
     aug(b"warm the filler bank", random.Random(0))  # read the installed filler sources before the clock
@@ -107,7 +108,7 @@ def worker(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(args.threads)
     group = userdist.setup()
-    batches, data = _recipe_batches(args.kb, args.docs, args.warmup + args.steps)
+    batches, data = _recipe_batches(args.kb, args.docs, args.warmup + args.steps, args.tokens_per_batch)
     base = get_config(args.arch)
     assert isinstance(base, TextConfig)
     cfg = text_config(dataclasses.replace(base, num_classes=len(LABELS)))
@@ -138,6 +139,9 @@ def worker(args: argparse.Namespace) -> None:
         "docs": docs,
         "tokens": tokens,
         "step_s": [round(s, 4) for s in step_s],
+        # A batch of fewer examples than processes leaves a process without work for that step (it adds
+        # zero gradients): the recipe's long windows make such batches, in `lara train` as here.
+        "examples_per_step": [len(y) for _, y in timed],
         "docs_per_s": docs / seconds,
         "docs_per_s_per_core": docs / seconds / (group.world * args.threads),
         "tokens_per_s": tokens / seconds,
@@ -161,16 +165,16 @@ def _gather(group: Any, value: float) -> list[float]:
     return buf.tolist()
 
 
-def run_setting(kb: int, processes: int, cores: int, args: argparse.Namespace) -> dict[str, Any]:
-    """One setting in fresh processes; returns rank 0's record."""
+def run_setting(kb: int, processes: int, threads: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One setting in fresh processes of `threads` threads each; returns rank 0's record."""
     from server.testing import free_port
 
-    threads = max(1, cores // processes)
     with tempfile.TemporaryDirectory() as tmp:
         record = Path(tmp) / "record.json"
         common = ["-m", "benchmarks.train_throughput", "--worker", "--kb", str(kb), "--threads", str(threads),
                   "--steps", str(args.steps), "--warmup", str(args.warmup), "--docs", str(args.docs),
-                  "--arch", args.arch, "--record", str(record)]  # fmt: skip
+                  "--arch", args.arch, "--tokens-per-batch", str(args.tokens_per_batch),
+                  "--record", str(record)]  # fmt: skip
         if processes == 1:
             cmd = [sys.executable, *common]
         else:
@@ -190,11 +194,13 @@ def chart(result: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.6))
-    for procs, style in ((1, "o-"), (2, "s--")):
-        rows = [r for r in result["rows"] if r["processes"] == procs]
+    layouts = sorted({(r["processes"], r["threads_per_process"]) for r in result["rows"]}, key=lambda x: -x[1])
+    for (procs, threads), style in zip(layouts, ("o-", "s--", "^:"), strict=False):
+        rows = [r for r in result["rows"] if (r["processes"], r["threads_per_process"]) == (procs, threads)]
         kbs = [r["doc_kb"] for r in rows]
-        ax1.plot(kbs, [r["docs_per_s_per_core"] for r in rows], style, label=f"{procs} process(es)")
-        ax2.plot(kbs, [r["peak_rss_mib_total"] for r in rows], style, label=f"{procs} process(es), all")
+        label = f"{procs} proc x {threads} thread{'s' * (threads > 1)}"
+        ax1.plot(kbs, [r["docs_per_s_per_core"] for r in rows], style, label=label)
+        ax2.plot(kbs, [r["peak_rss_mib_total"] for r in rows], style, label=f"{label}, all processes")
     for ax, title in ((ax1, "training documents / s / core"), (ax2, "peak RSS (MiB)")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("document size (KB)")
@@ -214,6 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first (allocator, thread pools)")
     p.add_argument("--docs", type=int, default=64, help="documents per setting (the batch plan draws from them)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per setting")
+    p.add_argument("--also-one-thread", action="store_true", help="add 1 process x 1 thread (per-core reference)")
+    p.add_argument("--tokens-per-batch", type=int, default=RECIPE_TOKENS,
+                   help="the batch's token budget (the recipe's by default; smaller: quicker steps, and the "
+                   "fixed per-step costs, optimizer and all-reduce, weigh more)")  # fmt: skip
     p.add_argument("--arch", default="lara-text-news", help="registered text architecture (tests: tiny-text)")
     p.add_argument("--note", default="", help="what else ran on the machine (recorded)")
     p.add_argument("--out", type=Path, default=OUT)
@@ -229,20 +239,25 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     for kb in (int(s) for s in args.sizes.split(",")):
-        for procs in (1, 2):
-            rows.append(run_setting(kb, procs, args.cores, args))
+        # 1 x cores threads and 2 x cores/2 on the same cores; optionally 1 x 1, the per-core reference
+        # without an intra-op thread pool (whose per-op barrier suffers most when the cores are shared).
+        layouts = [(1, args.cores), (2, max(1, args.cores // 2))] + [(1, 1)] * args.also_one_thread
+        for procs, threads in layouts:
+            rows.append(run_setting(kb, procs, threads, args))
             r = rows[-1]
-            print(f"{kb:3d} KB, {procs} proc: {r['docs_per_s_per_core']:.2f} docs/s/core, "
+            print(f"{kb:3d} KB, {procs} proc x {threads} thr: {r['docs_per_s_per_core']:.3f} docs/s/core, "
                   f"{r['tokens_per_s']:.0f} tokens/s, peak RSS {r['peak_rss_mib_total']:.0f} MiB", flush=True)  # fmt: skip
     ratio = {}
     for kb in sorted({r["doc_kb"] for r in rows}):
-        one, two = (next(r for r in rows if r["doc_kb"] == kb and r["processes"] == n) for n in (1, 2))
+        one, two = (next(r for r in rows if r["doc_kb"] == kb and r["cores"] == args.cores and r["processes"] == n)
+                    for n in (1, 2))  # fmt: skip
         ratio[str(kb)] = round(two["docs_per_s"] / one["docs_per_s"], 3)
     result = {
         "benchmark": "train_throughput",
         "command": "python -m benchmarks.train_throughput " + " ".join(argv if argv is not None else sys.argv[1:]),
         "cores": args.cores,
         "arch": args.arch,
+        "tokens_per_batch": args.tokens_per_batch,
         "note": args.note,
         "environment": environment(),
         "two_over_one_process_throughput": ratio,
