@@ -30,13 +30,14 @@ from torch import nn
 
 from model_export import userdata as ud
 from model_export import userdist
+from model_export import userrecipe as recipe
 from model_export.config import TextConfig, config_from_dict
 from model_export.data import pad_batch
 from model_export.finalize import TEXT_HEADS, task_outputs, text_outputs
 from model_export.long_docs import LengthMixTask, length_groups, to_ids
 from model_export.registry import build_model, get_config
 from model_export.tasks import ImageTask
-from model_export.train import DEFAULTS, LENGTH_MIX
+from model_export.train import DEFAULTS
 from model_export.userartifact import finish
 from model_export.userbaseline import IMAGE_BASELINE, TEXT_BASELINE, image_baseline, text_baseline
 from model_export.userfit import BudgetTooSmall, FitSettings, ResumeError, TrainingStopped, fit
@@ -46,8 +47,6 @@ DEFAULT_ARCH = {"text": "lara-text-news", "image": "lara-vit-fashion"}
 DEFAULT_INIT = {"text": "lara-text-news", "image": "none"}
 DEFAULT_BUDGET_MIN = 15.0
 MAX_DEFAULT_IMAGE = 64  # default --image-size is the data's most common side, at most this
-# The shipped news recipe (mixed-length windows, same-label composites, head-anchored windows half the time).
-TEXT_MIX = {**LENGTH_MIX["news"], "head_prob": 0.5}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -70,7 +69,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epochs", type=int, default=None)
     p.add_argument("--batch-size", type=int, default=None, help="images: examples per step (text batches by tokens)")
     p.add_argument("--lr", type=float, default=None)
-    p.add_argument("--no-augment", action="store_true", help="images: no random crop / flip")
+    p.add_argument("--no-augment", action="store_true", help="no augmentation: text, no casing / whitespace / "
+                   "markup / typo noise and no unrelated filler (model_export.augment); images, no crop / flip")  # fmt: skip
+    p.add_argument("--no-case-fold", action="store_true", help="text: keep letter case (default: folded in the graph)")
     p.add_argument("--no-baseline", action="store_true", help="skip the plain baseline")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
@@ -104,7 +105,8 @@ def _resolve_init(init: str) -> Path | None:
 
 
 def build(args: argparse.Namespace, task: str, labels: list[str], image: tuple[int, int, float, float] | None):
-    """(model, cfg, init path): the architecture, resized for the labels and the data, with --init's weights."""
+    """(model, cfg, init path, init record): the architecture, resized for the labels and the data (text: with
+    the robust recipe's pooling and case folding, model_export.userrecipe), with --init's weights."""
     init = _resolve_init(args.init or DEFAULT_INIT[task])
     if args.arch:
         cfg = get_config(args.arch)
@@ -117,17 +119,18 @@ def build(args: argparse.Namespace, task: str, labels: list[str], image: tuple[i
         raise UsageError(f"the architecture ({cfg.arch}) does not fit {task} data; choose --arch / --init")
     if isinstance(cfg, TextConfig):
         cfg = dataclasses.replace(cfg, num_classes=len(labels), max_length=args.max_length or cfg.max_length)
+        cfg = recipe.text_config(cfg, case_fold=not args.no_case_fold)
     else:
         size, chans, mean, std = image  # type: ignore[misc]
         cfg = dataclasses.replace(cfg, num_classes=len(labels), image_size=size, in_chans=chans, mean=mean, std=std)
     torch.manual_seed(args.seed)
     model = build_model(cfg, seed=args.seed)
+    taken = None
     if init is not None:
         from safetensors.torch import load_file
 
-        source, own = load_file(str(init / "1" / "model.safetensors")), model.state_dict()
-        model.load_state_dict({k: v for k, v in source.items() if k in own and own[k].shape == v.shape}, strict=False)
-    return model, cfg, init
+        taken = recipe.copy_matching(model, load_file(str(init / "1" / "model.safetensors")))
+    return model, cfg, init, taken
 
 
 def _text_logits(model: nn.Module, raws: list[bytes], max_length: int) -> np.ndarray:
@@ -199,13 +202,15 @@ def prepare(args: argparse.Namespace) -> Prepared:
     hold_y = y_all[split.holdout]
     y_train = torch.from_numpy(y_all[split.train])
     if data.task == "text":
-        model, cfg, init = build(args, "text", names, None)
-        mix = {**TEXT_MIX, "max_length": min(TEXT_MIX["max_length"], cfg.max_length)}
-        mix["min_length"] = min(mix["min_length"], mix["max_length"])
+        model, cfg, init, taken = build(args, "text", names, None)
+        mix = recipe.length_mix(cfg.max_length)
         train_task: Any = LengthMixTask([data.texts[i] for i in split.train], y_train, cfg.max_length, **mix)
+        aug = recipe.text_augment(cfg.max_length, enabled=not args.no_augment)
+        train_task.text_augment = None if aug is None else recipe.capped(aug, cfg.max_length)
         hold_raws, test_raws = [data.texts[i] for i in split.holdout], [test.texts[i] for i in test_idx]
         hold_fn = lambda m: _text_logits(m, hold_raws, cfg.max_length)  # noqa: E731
-        hp = {**DEFAULTS["news"], "length_mix": mix}
+        hp = {**DEFAULTS["news"], "length_mix": mix, "recipe": recipe.RECIPE, "augment": not args.no_augment,
+              "text_augment": recipe.augment_record(aug)}  # fmt: skip
         # The out-of-distribution fit reads training documents whole and as heads (what head-truncating
         # clients send), as model_export.finalize does for the shipped models.
         train_raws = [data.texts[i][: cfg.max_length] for i in split.train]
@@ -232,7 +237,7 @@ def prepare(args: argparse.Namespace) -> Prepared:
         test_images = images if args.test is None else ud.read_images(test.images, size, chans)
         pixels = images[split.train].float() / 255.0
         mean, std = round(float(pixels.mean()), 4), round(max(float(pixels.std()), 1e-3), 4)
-        model, cfg, init = build(args, "image", names, (size, chans, mean, std))
+        model, cfg, init, taken = build(args, "image", names, (size, chans, mean, std))
         hp = {**DEFAULTS["fashion"], "augment": not args.no_augment}
         hp["batch_size"] = args.batch_size or min(hp["batch_size"], max(2, len(split.train) // 4))
         train_task = ImageTask(images[split.train], y_train, mean, std, augment=not args.no_augment)
@@ -253,6 +258,7 @@ def prepare(args: argparse.Namespace) -> Prepared:
     if args.lr is not None:
         hp["lr"] = args.lr
     hp["arch"] = args.arch or (init.name if init is not None else DEFAULT_ARCH[data.task])
+    hp["init_tensors"] = taken
     return Prepared(
         data,
         test,
@@ -303,6 +309,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "config": dataclasses.asdict(prep.cfg),
         "init": str(prep.init),
         "fit": dataclasses.asdict(settings),
+        "augment": prep.hp["augment"],
     }
     if group.main:
         work.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import shutil
 import signal
 from collections.abc import Iterator
@@ -18,44 +17,15 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from user_samples import TINY_IMAGE, TINY_TEXT, VOCAB, text_inputs, torch_probs, write_images, write_texts
 
 from clients.__main__ import main as lara
 from clients.client import LaraClient
 from model_export import userfit
-from model_export.hub import load_pretrained
 from model_export.long_docs import LengthMixTask
 from model_export.registry import build_model, get_config
 from model_export.usertrain import main as train_main
 from server.testing import server_process
-
-TINY_TEXT = ["--arch", "tiny-text", "--init", "none", "--max-length", "1024", "--threads", "1", "--quiet"]
-TINY_IMAGE = ["--arch", "tiny-vit", "--threads", "1", "--quiet", "--image-size", "12"]
-VOCAB = {
-    "sport": ["goal", "match", "team", "win", "score", "league", "coach"],
-    "tech": ["chip", "software", "computer", "data", "cloud", "phone"],
-    "money": ["bank", "market", "stock", "price", "profit", "trade"],
-}
-
-
-def write_texts(path: Path, per_label: int = 16, seed: int = 0) -> None:
-    rng = random.Random(seed)
-    with path.open("w") as f:
-        for i in range(per_label * len(VOCAB)):
-            label = list(VOCAB)[i % len(VOCAB)]
-            words = [rng.choice(VOCAB[label] + ["the", "a", "of"]) for _ in range(rng.randint(8, 80))]
-            f.write(json.dumps({"text": " ".join(words), "label": label}) + "\n")
-
-
-def write_images(root: Path, per_label: int = 12) -> None:
-    """Two labels: the bright half is the left or the right one; RGB, two sizes (the model resizes)."""
-    rng = np.random.default_rng(0)
-    for label, side in (("left", 0), ("right", 1)):
-        (root / label).mkdir(parents=True)
-        for i in range(per_label):
-            w, h = (16, 16) if i % 2 else (20, 14)
-            x = rng.integers(0, 60, size=(h, w, 3), dtype=np.uint8)
-            x[:, side * w // 2 : (side + 1) * w // 2] += 180
-            Image.fromarray(x, mode="RGB").save(root / label / f"{i}.png")
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +59,11 @@ def test_text_model_folder_is_complete(work: Path) -> None:
     assert conf["split"]["counts"] == {"train": 36, "holdout": 3, "test": 9}
     assert conf["calibration"]["temperature"] > 0 and len(conf["metrics"]["history"]) == 3
     assert conf["export"]["output_names"] == ["logits", "ood_score"] and conf["ood"]["threshold"] > 0
+    # The robust text recipe (model_export.userrecipe), as the shipped lara-text-news was trained.
+    assert conf["model"]["pooling"] == "attention" and conf["model"]["case_fold"] is True
+    training = conf["training"]
+    assert training["augment"] is True and training["text_augment"]["filler_prob"] == 0.5
+    assert training["text_augment"]["max_total"] == 1024 and training["init"] == "none"
     split = json.loads((out / "split.json").read_text())
     assert len(split["ids"]["test"]) == 9 and split["ids"]["test"][0].startswith("line ")
     report = json.loads((out / "report.json").read_text())
@@ -96,24 +71,19 @@ def test_text_model_folder_is_complete(work: Path) -> None:
     assert not (work / "repo" / ".news.lara-train").exists()  # the work folder goes once the model is in place
 
 
-def _torch_probs(model_dir: Path, inputs: dict[str, torch.Tensor]) -> np.ndarray:
-    """The served model in torch: (logits / temperature, ood_score) -> probabilities of the one item."""
-    with torch.inference_mode():
-        logits, _ = load_pretrained(model_dir, serving=True)(**inputs)
-        return torch.softmax(logits, -1)[0].numpy()
-
-
 def test_served_text_model_matches_torch(work: Path, live_url: str) -> None:
     text = "the bank and the market: stock price and profit"
     with LaraClient(live_url) as client:
         got = client.classify("news", text.encode(), "text/plain", top_k=3)
-    ids = torch.tensor([[b + 1 for b in text.encode()]])
-    probs = _torch_probs(work / "repo" / "news", {"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+        shouted = client.classify("news", text.upper().encode(), "text/plain", top_k=3)
+    probs = torch_probs(work / "repo" / "news", text_inputs(text))
     labels = ["money", "sport", "tech"]
     assert got.label == labels[int(probs.argmax())]
     assert {t.label: t.score for t in got.top_k} == pytest.approx(
         dict(zip(labels, probs.tolist(), strict=True)), abs=1e-4
     )
+    # The recipe's case folding is in the exported graph: the upper-cased text is the same input.
+    assert {t.label: t.score for t in shouted.top_k} == pytest.approx({t.label: t.score for t in got.top_k}, abs=1e-6)
 
 
 def test_image_folder_trained_and_loaded_into_a_live_server(work: Path, live_url: str) -> None:
@@ -130,7 +100,7 @@ def test_image_folder_trained_and_loaded_into_a_live_server(work: Path, live_url
         got = client.classify("shapes", png.read_bytes(), "image/png", top_k=2)
     pix = np.asarray(Image.open(png).convert("RGB").resize((12, 12), Image.Resampling.BILINEAR), np.float32) / 255
     pix = (pix - conf["preprocessing"]["mean"]) / conf["preprocessing"]["std"]
-    probs = _torch_probs(out, {"pixel_values": torch.from_numpy(pix.transpose(2, 0, 1)[None].copy())})
+    probs = torch_probs(out, {"pixel_values": torch.from_numpy(pix.transpose(2, 0, 1)[None].copy())})
     assert {t.label: t.score for t in got.top_k} == pytest.approx({"left": probs[0], "right": probs[1]}, abs=1e-4)
     # `lara load` reloads it; a name the server's repository does not hold is refused with where to put it.
     assert lara(["--url", live_url, "load", "shapes"]) == 0
