@@ -38,6 +38,8 @@ COVERING_TESTS: dict[str, list[str]] = {
         "tests/server/test_errors.py",
         "tests/server/test_hardening.py",
     ],
+    # gRPC request decoding and answers (the wire-specific half of the one v2 inference path).
+    "server/grpc/convert.py": ["tests/server/test_grpc_convert.py"],
     # The load tester's statistics: a silent slip here corrupts every figure the project publishes.
     "clients/loadtest/report.py": [
         "tests/clients/test_loadtest_stats.py",
