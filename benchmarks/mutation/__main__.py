@@ -119,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
                         "EQUIVALENT list and rewrite the report")  # fmt: skip
     parser.add_argument("--recheck-timeouts", action="store_true", help="run again, with --timeout, only the "
                         "mutants of the stored --label run that timed out (a loaded machine can time out a survivor)")  # fmt: skip
+    parser.add_argument("--recheck-survivors", action="store_true", help="run again only the mutants of the stored "
+                        "--label run that survived (after adding tests that should kill them)")  # fmt: skip
     parser.add_argument("-q", "--quiet", action="store_true")
     args = parser.parse_args(argv)
     data = json.loads(args.results.read_text()) if args.results.exists() else {"runs": {}}
@@ -126,14 +128,18 @@ def main(argv: list[str] | None = None) -> int:
         for run in data["runs"].values():
             for result in run.values():
                 rescore(result)
-    elif args.recheck_timeouts:
+    elif args.recheck_timeouts or args.recheck_survivors:
+        status = "timeout" if args.recheck_timeouts else "survived"
         for path in args.module or sorted(COVERING_TESTS):
             stored = data["runs"][args.label][path]
-            timed_out = {m["key"] for m in stored["mutants"] if m["status"] == "timeout"}
-            fresh = mutate_module(path, args.root, stored["limit"], args.timeout, not args.quiet, only=timed_out)
+            again = {m["key"] for m in stored["mutants"] if m["status"] == status}
+            if not again:
+                continue
+            fresh = mutate_module(path, args.root, stored["limit"], args.timeout, not args.quiet, only=again)
             redone = {m["key"]: m for m in fresh["mutants"]}
             stored["mutants"] = [redone.get(m["key"], m) for m in stored["mutants"]]
-            stored["rechecked_timeouts_s"] = fresh["per_mutant_timeout_s"]
+            stored[f"rechecked_{status}"] = {"tests": fresh["tests"], "date": fresh["date"]}
+            stored["tests"] = fresh["tests"]  # the rechecked survivors ran against these
             rescore(stored)
             _save(data, args.results, args.doc)
     else:

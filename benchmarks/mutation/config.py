@@ -110,6 +110,13 @@ EQUIVALENT: dict[str, str] = {
     "server.batcher:_Entry:False -> True:@dataclass(eq=False)#0": (
         "entries are compared only by id() (the taken and gone sets); no ==, no hashing of an _Entry"
     ),
+    "server.batcher:Batcher.stop:30.0 -> 60.0:async def stop(self, grace_s: float = 30.0) -> None:#0": (
+        "the default is never used by the server: ServedModel.stop, its only caller there, always passes grace_s"
+    ),
+    "server.batcher:Batcher.stop:True -> False:await asyncio.to_thread(self._executor.shutdown, True)#0": (
+        "this branch runs only when the worker finished, so the batch thread is idle: it exits at once whether "
+        "shutdown waits for it or not; busy() and every answer are the same"
+    ),
     "server.batcher:Batcher._expire:return x -> return None:return False#0": (
         "the only caller tests the result for truth (`if self._expire(batch)`): None and False are alike"
     ),
