@@ -177,13 +177,30 @@ async def test_stop_fails_pending_items_and_submit_needs_start() -> None:
     batcher: Batcher[int, int] = Batcher("m", FakeBackend(), policy(max_queue_delay_s=10.0, max_batch_size=8))
     with pytest.raises(ServeError, match="model 'm' is not serving yet") as not_started:
         batcher.submit([(1, 1)])
-    assert not_started.value.kind is ErrorKind.NOT_READY
+    assert not_started.value.kind is ErrorKind.NOT_READY and not_started.value.retry_after_s == 1
+    assert not batcher.busy  # no batch has run yet
     batcher.start()
     pending = batcher.submit([(1, 1)])[0]
     await batcher.stop()
     with pytest.raises(ServeError) as info:
         await pending
     assert info.value.kind is ErrorKind.NOT_READY and "stopped" in info.value.message
+    with pytest.raises(ServeError, match="model 'm' was stopped") as late:
+        batcher.submit([(2, 1)])
+    assert late.value.kind is ErrorKind.NOT_READY and late.value.retry_after_s == 1
+
+
+async def test_busy_only_while_a_batch_computes() -> None:
+    backend = FakeBackend()
+    backend.gate.clear()
+    batcher = await started(backend, policy(max_batch_size=1, max_queue_delay_s=0.0))
+    future = batcher.submit([(4, 1)])[0]
+    await asyncio.to_thread(backend.started.wait, 5)
+    assert batcher.busy
+    backend.gate.set()
+    assert (await future).value == 40
+    await batcher.stop()
+    assert not batcher.busy  # the owner may close the backend now
 
 
 @settings(max_examples=25, deadline=None)
