@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+_DEADLINE_BATCHER = (
+    "test_long_document_after_short_requests_is_computed",
+    "test_refused_only_when_it_could_not_finish_even_alone",
+    "test_estimate_recovers_after_a_slow_spell",
+)
 # The scripted (no server) window tests of test_loadtest_rigour.py; the rest of it runs a live server.
 _RIGOUR_SCRIPTED = (
     "test_a_stable_cell_stops_after_three_windows",
@@ -19,6 +24,8 @@ COVERING_TESTS: dict[str, list[str]] = {
         "tests/server/test_batcher_budget.py",
         "tests/server/test_batcher.py",
         "tests/server/test_cancellation.py",
+        # issue 36's deadline rule on a batcher with a linear-cost backend (the file's live-server tests excluded)
+        *(f"tests/server/test_reliability_deadlines.py::{name}" for name in _DEADLINE_BATCHER),
     ],
     "server/preprocess.py": [
         "tests/server/test_preprocess_pinned.py",
@@ -116,6 +123,10 @@ EQUIVALENT: dict[str, str] = {
     "server.batcher:Batcher.stop:True -> False:await asyncio.to_thread(self._executor.shutdown, True)#0": (
         "this branch runs only when the worker finished, so the batch thread is idle: it exits at once whether "
         "shutdown waits for it or not; busy() and every answer are the same"
+    ),
+    "server.batcher:Batcher._estimate_s:* -> /:return self.cost.estimate_s(max(e.length for e in batch) * len(batch))#0": (
+        "dead code: `_estimate_s` has no caller since issue 36 moved the deadline rule to "
+        "`_late_reason` and server.batch_cost"
     ),
     "server.batcher:Batcher._expire:return x -> return None:return False#0": (
         "the only caller tests the result for truth (`if self._expire(batch)`): None and False are alike"
