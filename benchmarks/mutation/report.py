@@ -17,10 +17,14 @@ Equivalent mutants (no caller can observe the change) are listed by hand in `EQU
 with the reason, and left out of the score. Wording (strings, f-strings), docstrings, annotations and the
 module logger are never mutated.
 
+A module may be mutated in part (`SCOPE` in `config.py`: the functions named there), and a covering
+test may be a pytest node id where its file also holds slow tests that never reach the module.
+
 Rerun: `make mutate` (every module, every mutant: hours on 2 cores), or one module and a fixed subset (the
-same mutants every time, chosen by a hash of their names):
-`python -m benchmarks.mutation --module server/batcher.py --limit 60 --label after`.
-This file and `benchmarks/results/mutation.json` are written by that command.
+same mutants every time, chosen by a hash of their names), e.g.
+`make mutate MUTATE_ARGS="--module server/batcher.py --limit 60 --label after"`; each row below gives its
+command. `--recheck-survivors` (or `--recheck-timeouts`) reruns only those mutants of a stored run, after a
+test was added for them. This file and `benchmarks/results/mutation.json` are written by these commands.
 """
 
 
