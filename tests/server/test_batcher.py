@@ -190,15 +190,16 @@ async def test_stop_fails_pending_items_and_submit_needs_start() -> None:
     assert late.value.kind is ErrorKind.NOT_READY and late.value.retry_after_s == 1
 
 
-async def test_busy_only_while_a_batch_computes() -> None:
+async def test_busy_and_running_only_while_a_batch_computes() -> None:
     backend = FakeBackend()
     backend.gate.clear()
     batcher = await started(backend, policy(max_batch_size=1, max_queue_delay_s=0.0))
     future = batcher.submit([(4, 1)])[0]
     await asyncio.to_thread(backend.started.wait, 5)
-    assert batcher.busy
+    assert batcher.busy and batcher.running(future)  # computing: cancelling it now would waste the work
     backend.gate.set()
     assert (await future).value == 40
+    assert not batcher.running(future)  # answered: no longer counted as computing
     await batcher.stop()
     assert not batcher.busy  # the owner may close the backend now
 
