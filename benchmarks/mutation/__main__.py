@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.mutation.config import COVERING_TESTS, EQUIVALENT
+from benchmarks.mutation.config import COVERING_TESTS, EQUIVALENT, SCOPE
 from benchmarks.mutation.operators import Mutant, mutants
 from benchmarks.mutation.report import write_markdown
 from benchmarks.mutation.run import Outcome, run_mutant, run_tests, scratch_copy
@@ -34,15 +34,23 @@ def sample(found: list[Mutant], limit: int | None) -> list[Mutant]:
     return [m for m in found if m.key in chosen]
 
 
+def in_scope(path: str, found: list[Mutant]) -> list[Mutant]:
+    """The mutants inside the functions SCOPE names for the module (all of them when it names none)."""
+    prefixes = SCOPE.get(path)
+    if prefixes is None:
+        return found
+    return [m for m in found if any(m.function == p or m.function.startswith(p + ".") for p in prefixes)]
+
+
 def mutate_module(
     path: str, root: Path, limit: int | None, timeout_s: float | None, verbose: bool, only: set[str] | None = None
 ) -> dict[str, Any]:
     """Run the chosen mutants of one module (`only`: just these keys, e.g. to recheck timeouts)."""
     module = path.removesuffix(".py").replace("/", ".")
     original = (root / path).read_text()
-    all_found = mutants(module, original)
+    all_found = in_scope(path, mutants(module, original))
     chosen = [m for m in sample(all_found, limit) if only is None or m.key in only]
-    tests = [t for t in COVERING_TESTS[path] if (root / t).exists()]
+    tests = [t for t in COVERING_TESTS[path] if (root / t.split("::")[0]).exists()]
     # The fused onnxruntime kernel is compiled once and cached by its sources AND flags: the include path
     # of the project's headers keeps the flags (so the cached build) the same in every scratch copy.
     os.environ.setdefault("LARA_ORT_HEADERS", str(root / "data_cache" / "onnxruntime-headers"))
@@ -71,6 +79,7 @@ def mutate_module(
         "mutants_total": len(all_found),
         "mutants_run": len(chosen),
         "limit": limit,
+        "scope": list(SCOPE.get(path, ())),
         "date": time.strftime("%Y-%m-%d"),
         "baseline_test_s": round(base_s, 1),
         "per_mutant_timeout_s": round(per_mutant, 1),
@@ -110,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
                         "EQUIVALENT list and rewrite the report")  # fmt: skip
     parser.add_argument("--recheck-timeouts", action="store_true", help="run again, with --timeout, only the "
                         "mutants of the stored --label run that timed out (a loaded machine can time out a survivor)")  # fmt: skip
+    parser.add_argument("--recheck-survivors", action="store_true", help="run again only the mutants of the stored "
+                        "--label run that survived (after adding tests that should kill them)")  # fmt: skip
     parser.add_argument("-q", "--quiet", action="store_true")
     args = parser.parse_args(argv)
     data = json.loads(args.results.read_text()) if args.results.exists() else {"runs": {}}
@@ -117,14 +128,18 @@ def main(argv: list[str] | None = None) -> int:
         for run in data["runs"].values():
             for result in run.values():
                 rescore(result)
-    elif args.recheck_timeouts:
+    elif args.recheck_timeouts or args.recheck_survivors:
+        status = "timeout" if args.recheck_timeouts else "survived"
         for path in args.module or sorted(COVERING_TESTS):
             stored = data["runs"][args.label][path]
-            timed_out = {m["key"] for m in stored["mutants"] if m["status"] == "timeout"}
-            fresh = mutate_module(path, args.root, stored["limit"], args.timeout, not args.quiet, only=timed_out)
+            again = {m["key"] for m in stored["mutants"] if m["status"] == status}
+            if not again:
+                continue
+            fresh = mutate_module(path, args.root, stored["limit"], args.timeout, not args.quiet, only=again)
             redone = {m["key"]: m for m in fresh["mutants"]}
             stored["mutants"] = [redone.get(m["key"], m) for m in stored["mutants"]]
-            stored["rechecked_timeouts_s"] = fresh["per_mutant_timeout_s"]
+            stored[f"rechecked_{status}"] = {"tests": fresh["tests"], "date": fresh["date"]}
+            stored["tests"] = fresh["tests"]  # the rechecked survivors ran against these
             rescore(stored)
             _save(data, args.results, args.doc)
     else:

@@ -17,10 +17,14 @@ Equivalent mutants (no caller can observe the change) are listed by hand in `EQU
 with the reason, and left out of the score. Wording (strings, f-strings), docstrings, annotations and the
 module logger are never mutated.
 
+A module may be mutated in part (`SCOPE` in `config.py`: the functions named there), and a covering
+test may be a pytest node id where its file also holds slow tests that never reach the module.
+
 Rerun: `make mutate` (every module, every mutant: hours on 2 cores), or one module and a fixed subset (the
-same mutants every time, chosen by a hash of their names):
-`python -m benchmarks.mutation --module server/batcher.py --limit 60 --label after`.
-This file and `benchmarks/results/mutation.json` are written by that command.
+same mutants every time, chosen by a hash of their names), e.g.
+`make mutate MUTATE_ARGS="--module server/batcher.py --limit 60 --label after"`; each row below gives its
+command. `--recheck-survivors` (or `--recheck-timeouts`) reruns only those mutants of a stored run, after a
+test was added for them. This file and `benchmarks/results/mutation.json` are written by these commands.
 """
 
 
@@ -28,20 +32,32 @@ def write_markdown(data: dict[str, Any], path: Path) -> None:
     runs: dict[str, dict[str, Any]] = data["runs"]
     labels = list(runs)
     modules = sorted({m for run in runs.values() for m in run})
-    lines = [_HEAD, "## Scores", "", "Killed of the behaviour-changing mutants run (equivalent ones excluded).", "",
-             "| module | mutants run (of all) | " + " | ".join(labels) + " | covering tests |",
-             "|---|---|" + "---|" * len(labels) + "---|"]  # fmt: skip
+    lines = [_HEAD, "## Scores", "",
+             "The latest run of each module: killed of the behaviour-changing mutants run (timeouts count as kills; "
+             "equivalent ones excluded).", "",
+             "| module | mutants run (in scope) | killed | equivalent | survived | score | command |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for module in modules:
+        label = next(lb for lb in reversed(labels) if module in runs[lb])
+        r = runs[label][module]
+        timeouts = sum(m["status"] == "timeout" for m in r["mutants"])
+        score = "n/a" if r["score"] is None else f"{100 * r['score']:.0f}%"
+        lines.append(f"| `{module}` | {r['mutants_run']} ({r['mutants_total']}) | {r['killed']}"
+                     + (f" ({timeouts} by timeout)" if timeouts else "")
+                     + f" | {r['equivalent']} | {r['survived']} | {score} | `{command(module, r['limit'], label)}` |")  # fmt: skip
+    lines += ["", "Per run label (the same mutants in each column of a row); covering tests of the latest run:", "",
+              "| module | " + " | ".join(labels) + " | covering tests |",
+              "|---|" + "---|" * len(labels) + "---|"]  # fmt: skip
     for module in modules:
         results = [runs[label].get(module) for label in labels]
         latest = next(r for r in reversed(results) if r is not None)
         cells = [_score(r) for r in results]
         tests = ", ".join(f"`{t}`" for t in latest["tests"])
-        lines.append(f"| `{module}` | {latest['mutants_run']} ({latest['mutants_total']}) | {' | '.join(cells)} | "
-                     f"{tests} |")  # fmt: skip
+        lines.append(f"| `{module}` | {' | '.join(cells)} | {tests} |")
     if data.get("notes"):
         lines += ["", "Notes on these runs:", ""] + [f"- {note}" for note in data["notes"]]
-    last = runs[labels[-1]] if labels else {}
-    lines += ["", f"## Surviving mutants ({labels[-1] if labels else 'none'})", ""]
+    last = {module: runs[next(lb for lb in reversed(labels) if module in runs[lb])][module] for module in modules}
+    lines += ["", "## Surviving mutants (latest run of each module)", ""]
     for module, result in sorted(last.items()):
         survivors = [m for m in result["mutants"] if m["status"] == "survived"]
         lines += [f"### `{module}`: {len(survivors)} survived", ""]
@@ -58,6 +74,13 @@ def write_markdown(data: dict[str, Any], path: Path) -> None:
                              f"(`{_cell(m['source_line'])}`): {m['detail']}")  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines).rstrip() + "\n")
+
+
+def command(path: str, limit: int | None, label: str) -> str:
+    """The command that reruns one module's stored run (the same hash-chosen subset)."""
+    return (
+        f"python -m benchmarks.mutation --module {path}" + (f" --limit {limit}" if limit else "") + f" --label {label}"
+    )
 
 
 def _score(result: dict[str, Any] | None) -> str:

@@ -155,17 +155,53 @@ async def test_full_queue_refuses_with_retry_after() -> None:
     await batcher.stop()
 
 
+async def test_stop_past_its_grace_has_answered_every_item_when_it_returns() -> None:
+    backend = FakeBackend()
+    backend.gate.clear()  # the batch computes until the end of the test
+    batcher = await started(backend, policy(max_batch_size=2, max_queue_delay_s=0.0))
+    running = batcher.submit([(1, 1), (2, 1)])
+    await asyncio.to_thread(backend.started.wait, 5)
+    queued = batcher.submit([(3, 1)])
+    await batcher.stop(grace_s=0.1)
+    # Answered by the time stop returns (a caller that closes the model next must find no item pending).
+    assert all(f.done() for f in running + queued)
+    for future, words in ((running[0], "while computing"), (running[1], "while computing"), (queued[0], "was stopped")):
+        error = future.exception()
+        assert isinstance(error, ServeError) and error.kind is ErrorKind.NOT_READY and words in error.message
+        assert error.retry_after_s == 1
+    assert batcher.busy  # the thread still computes: its owner must not close the backend under it
+    backend.gate.set()
+
+
 async def test_stop_fails_pending_items_and_submit_needs_start() -> None:
     batcher: Batcher[int, int] = Batcher("m", FakeBackend(), policy(max_queue_delay_s=10.0, max_batch_size=8))
     with pytest.raises(ServeError, match="model 'm' is not serving yet") as not_started:
         batcher.submit([(1, 1)])
-    assert not_started.value.kind is ErrorKind.NOT_READY
+    assert not_started.value.kind is ErrorKind.NOT_READY and not_started.value.retry_after_s == 1
+    assert not batcher.busy  # no batch has run yet
     batcher.start()
     pending = batcher.submit([(1, 1)])[0]
     await batcher.stop()
     with pytest.raises(ServeError) as info:
         await pending
     assert info.value.kind is ErrorKind.NOT_READY and "stopped" in info.value.message
+    with pytest.raises(ServeError, match="model 'm' was stopped") as late:
+        batcher.submit([(2, 1)])
+    assert late.value.kind is ErrorKind.NOT_READY and late.value.retry_after_s == 1
+
+
+async def test_busy_and_running_only_while_a_batch_computes() -> None:
+    backend = FakeBackend()
+    backend.gate.clear()
+    batcher = await started(backend, policy(max_batch_size=1, max_queue_delay_s=0.0))
+    future = batcher.submit([(4, 1)])[0]
+    await asyncio.to_thread(backend.started.wait, 5)
+    assert batcher.busy and batcher.running(future)  # computing: cancelling it now would waste the work
+    backend.gate.set()
+    assert (await future).value == 40
+    assert not batcher.running(future)  # answered: no longer counted as computing
+    await batcher.stop()
+    assert not batcher.busy  # the owner may close the backend now
 
 
 @settings(max_examples=25, deadline=None)
