@@ -206,6 +206,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=2, help="LARA_NUM_THREADS of the server")
     p.add_argument("--compare-ort-attention", action="store_true", help="body vs fused LaraAttention servers")
     p.add_argument("--before", metavar="REV", help="with --compare-ort-attention: also the model of this commit")
+    p.add_argument("--out-name", default="long_serving_ort_attention.json", help="with --compare-ort-attention")
     p.add_argument(
         "--before-attention", choices=("body", "fused"), default="body", help="how --before's server runs attention"
     )
