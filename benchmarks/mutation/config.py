@@ -45,6 +45,12 @@ COVERING_TESTS: dict[str, list[str]] = {
         "tests/server/test_errors.py",
         "tests/server/test_hardening.py",
     ],
+    # The routes' request decoding: content types, charsets, image-vs-text sniffing, base64 elements.
+    "server/inputs.py": [
+        "tests/server/test_inputs_sniff.py",
+        "tests/server/test_inputs.py",
+        "tests/server/test_reliability_inputs.py",
+    ],
     # gRPC request decoding and answers (the wire-specific half of the one v2 inference path).
     "server/grpc/convert.py": ["tests/server/test_grpc_convert.py"],
     # The load tester's statistics: a silent slip here corrupts every figure the project publishes.
