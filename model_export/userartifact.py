@@ -96,6 +96,7 @@ def finish(args: argparse.Namespace, prep: Any, state: FitState, stage: Path) ->
             "init": str(prep.init) if prep.init else "none",
             "epochs": args.epochs,
             "time_budget_min": args.time_budget,
+            "clock": args.clock,
             "threads": torch.get_num_threads(),
             "schedule": "warmup+cosine",
             "command": command_line(args),

@@ -61,6 +61,16 @@ class FitSettings:
     time_budget_s: float | None  # None: --epochs decides
     seed: int
     warmup: float = 0.05
+    # "wall": seconds on the clock on the wall; "cpu": this process's CPU seconds (all its threads), so a
+    # budget buys the same training on a machine that other jobs share.
+    clock: Literal["wall", "cpu"] = "wall"
+
+
+def clock_fn(clock: str) -> Callable[[], float]:
+    """The timer a --clock name stands for."""
+    if clock not in ("wall", "cpu"):
+        raise ValueError(f"clock must be 'wall' or 'cpu', got {clock!r}")
+    return time.process_time if clock == "cpu" else time.perf_counter
 
 
 @dataclass
@@ -253,7 +263,8 @@ def _run_epoch(model, task, opt, loss_fn, s, state, epoch, noise, stop, rep, pro
     batches = iter(task.train_batches(s.batch_size, torch.Generator().manual_seed(s.seed * 1000 + epoch)))
     for _ in range(state.step_in_epoch):  # replays the generator's draws (order, augmentation) untrained
         next(batches)
-    t0, base = time.perf_counter(), state.train_time_s
+    timer = clock_fn(s.clock)
+    t0, base = timer(), state.train_time_s
     first = None  # seconds at the end of the first step (epoch 0, not resumed)
     for batch_inputs, batch_labels, *_ in batches:
         elapsed = state.train_time_s  # the clock as of the last step (the same in every process)
@@ -272,7 +283,7 @@ def _run_epoch(model, task, opt, loss_fn, s, state, epoch, noise, stop, rep, pro
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         correct, loss_sum, seen, now, stopping = group.reduce_step(
-            correct, loss_sum, len(labels), base + time.perf_counter() - t0, stop.set
+            correct, loss_sum, len(labels), base + timer() - t0, stop.set
         )
         state.step += 1
         state.step_in_epoch += 1

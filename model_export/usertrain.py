@@ -66,6 +66,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--image-size", type=int, default=None, help="images: side after resizing (default: the data's)")
     p.add_argument("--time-budget", type=float, default=None, metavar="MINUTES",
                    help=f"training time; the schedule fits it (default {DEFAULT_BUDGET_MIN:g} unless --epochs)")  # fmt: skip
+    p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                   help="what --time-budget counts: wall-clock seconds, or this process's CPU seconds (the same "
+                   "training however busy the machine is; the image baseline gets the same)")  # fmt: skip
     p.add_argument("--epochs", type=int, default=None)
     p.add_argument("--batch-size", type=int, default=None, help="images: examples per step (text batches by tokens)")
     p.add_argument("--lr", type=float, default=None)
@@ -252,7 +255,7 @@ def prepare(args: argparse.Namespace) -> Prepared:
             return task_outputs(m.eval(), parts[part])
 
         def baseline(secs: float) -> tuple[np.ndarray, str, float]:
-            probs, fit_s = image_baseline(train_task, test_task, len(names), secs, args.seed)
+            probs, fit_s = image_baseline(train_task, test_task, len(names), secs, args.seed, args.clock)
             return probs, IMAGE_BASELINE, fit_s
 
     if args.lr is not None:
@@ -287,6 +290,7 @@ def _fit_settings(args: argparse.Namespace, hp: dict[str, Any]) -> FitSettings:
         epochs=args.epochs,
         time_budget_s=None if args.time_budget is None else args.time_budget * 60.0,
         seed=args.seed,
+        clock=args.clock,
     )
 
 

@@ -147,6 +147,37 @@ def _text_task(tmp_path: Path) -> tuple[LengthMixTask, list[bytes]]:
     return task, raws
 
 
+@pytest.mark.parametrize("clock", ["wall", "cpu"])
+def test_the_budget_counts_the_clock_it_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clock: str) -> None:
+    """--clock cpu: a budget counts process CPU seconds, so time the process spends waiting does not count."""
+    task, _ = _text_task(tmp_path)
+    cfg = get_config("tiny-text", num_classes=3, max_length=1024)
+    fake = {"wall": 0.0, "cpu": 0.0}
+
+    def tick(name: str, per_call: float):
+        def now() -> float:
+            fake[name] += per_call
+            return fake[name]
+
+        return now
+
+    # Each reading of the wall clock moves 10 s (a busy machine); the CPU clock 1 s.
+    monkeypatch.setattr(userfit.time, "perf_counter", tick("wall", 10.0))
+    monkeypatch.setattr(userfit.time, "process_time", tick("cpu", 1.0))
+    settings = userfit.FitSettings(lr=3e-3, weight_decay=0.01, label_smoothing=0.1, batch_size=0, epochs=None,
+                                   time_budget_s=30.0, seed=3, clock=clock)  # fmt: skip
+    monkeypatch.setattr(userfit, "_check_budget", lambda s, epoch_s: None)  # this test is about stopping
+    state = userfit.fit(build_model(cfg, seed=3), task, lambda m: 0.5, settings, tmp_path / "c", {}, progress="quiet")
+    steps_epoch = task.steps_per_epoch(0)
+    if clock == "wall":
+        assert state.step <= 3  # 10 s a reading: the 30 s budget is gone within three steps
+    else:
+        assert state.step >= min(2 * steps_epoch, 25)  # 1 s a step: ~30 steps fit
+    assert 30.0 <= state.train_time_s <= 40.0  # stopped at the budget on the clock it counts
+    with pytest.raises(ValueError, match="clock must be"):
+        userfit.clock_fn("gpu")
+
+
 def test_resume_after_ctrl_c_gives_the_uninterrupted_result(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     task, _ = _text_task(tmp_path)
     cfg = get_config("tiny-text", num_classes=3, max_length=1024, dropout=0.2)  # dropout: the global RNG matters
