@@ -23,28 +23,34 @@ from model_export.sample_userdata import USER_DATASETS, DataMissing
 from model_export.sample_userdata import write as write_user
 
 
-def write_news(out: Path) -> int:
-    docs = load_news("train") + load_news("test")
+def _parts(split: str) -> tuple[str, ...]:
+    return ("train", "test") if split == "all" else (split,)
+
+
+def write_news(out: Path, split: str = "all") -> int:
+    docs = [d for part in _parts(split) for d in load_news(part)]
     with out.open("w") as f:
         for d in docs:
             f.write(json.dumps({"text": d.text, "label": NEWS_CLASSES[d.label]}) + "\n")
     return len(docs)
 
 
-def write_brown(out: Path) -> int:
+def write_brown(out: Path, split: str = "all") -> int:
     from model_export.brown import load_brown
 
-    docs = load_brown("train") + load_brown("test")
+    docs = [d for part in _parts(split) for d in load_brown(part)]
     with out.open("w") as f:
         for d in docs:
             f.write(json.dumps({"text": d.text, "label": GENRE_LABELS[d.label]}) + "\n")
     return len(docs)
 
 
-def write_fashion(out: Path, limit: int | None) -> int:
+def write_fashion(out: Path, limit: int | None, split: str = "train") -> int:
     from PIL import Image
 
-    images, labels = load_fashion("train")
+    if split == "all":
+        raise ValueError("fashion: --split train or test (the t10k images), not all")
+    images, labels = load_fashion(split)
     n = len(labels) if limit is None else min(limit, len(labels))
     for i in range(n):
         # "/" is not allowed in a folder name: T-shirt/top -> T-shirt-top
@@ -58,7 +64,10 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dataset", choices=["news", "brown", "fashion", *USER_DATASETS])
     p.add_argument("out", type=Path, help="a .jsonl file, or a folder (fashion, digits)")
-    p.add_argument("--limit", type=int, default=None, help="fashion: the first N training images")
+    p.add_argument("--limit", type=int, default=None, help="fashion: the first N images")
+    p.add_argument("--split", choices=["all", "train", "test"], default=None,
+                   help="news, brown, fashion: one part of the project's fixed split (to pass as DATA and "
+                   "--test); default: all documents, fashion: train")  # fmt: skip
     args = p.parse_args(argv)
     if args.dataset in USER_DATASETS:
         try:
@@ -66,10 +75,11 @@ def main(argv: list[str] | None = None) -> None:
         except DataMissing as e:
             raise SystemExit(f"error: {e}") from None
     elif args.dataset == "fashion":
-        n = write_fashion(args.out, args.limit)
+        n = write_fashion(args.out, args.limit, args.split or "train")
     else:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        n = write_news(args.out) if args.dataset == "news" else write_brown(args.out)
+        split = args.split or "all"
+        n = write_news(args.out, split) if args.dataset == "news" else write_brown(args.out, split)
     print(f"wrote {n} examples to {args.out}")
 
 

@@ -108,3 +108,16 @@ def test_digits_are_a_folder_of_32_pixel_pngs(tmp_path: Path) -> None:
     assert n == len(files) == 1797 and sorted(p.name for p in (tmp_path / "d").iterdir()) == [str(i) for i in range(10)]
     with Image.open(files[0]) as im:
         assert im.size == (32, 32) and im.mode == "L" and im.getextrema()[1] > 200
+
+
+def test_sample_data_writes_one_part_of_the_fixed_split(tmp_path: Path) -> None:
+    from model_export import sample_data
+    from model_export.data import load_news
+
+    sample_data.main(["news", str(tmp_path / "test.jsonl"), "--split", "test"])
+    rows = [json.loads(line) for line in (tmp_path / "test.jsonl").read_text().splitlines()]
+    assert [r["text"] for r in rows] == [d.text for d in load_news("test")]
+    sample_data.main(["fashion", str(tmp_path / "t10k"), "--split", "test", "--limit", "12"])
+    assert len(list((tmp_path / "t10k").glob("*/*.png"))) == 12
+    with pytest.raises(ValueError, match="not all"):
+        sample_data.write_fashion(tmp_path / "x", 1, "all")
