@@ -5,7 +5,9 @@ python -m model_export.finalize model_repository/lara-text-news
 - temperature: fitted on the holdout split's logits (model_export.calibration.fit_temperature);
 - ood score: class means and shared covariance of the pooled features of training items (text: whole
   documents and their first 512 / 2,048 bytes, since heads of documents are what a head-truncating client
-  sends), threshold where 95% of holdout items pass (model_export.ood);
+  sends), combined with an input-space score fitted on the training inputs (byte bigrams for text, a Gaussian
+  per pixel for images; model_export.ood_input) as the larger of the two, each divided by its 95% holdout
+  quantile; threshold where 95% of holdout items pass (model_export.ood);
 - ECE (15 bins) before and after, on the holdout and the test split, and the test split's in-distribution
   rate, written into config.json's "calibration" and "ood" sections, plus a reliability diagram;
 - the weights file gains the serving head's tensors and 1/model.onnx is exported again with two outputs.
@@ -29,6 +31,7 @@ from model_export.export import export_model_dir
 from model_export.hub import VERSION, WEIGHTS, load_config, load_pretrained
 from model_export.long_docs import _collate, length_groups
 from model_export.ood import MahalanobisScore, ServingModel, pooled_features, threshold_at
+from model_export.ood_input import image_input_scores, text_input_scores
 from model_export.tasks import load_task, text_docs
 
 PASS_RATE = 0.95
@@ -83,6 +86,21 @@ def split_outputs(model: nn.Module, dataset: str, split: str, heads: bool = Fals
     return z, f, torch.tensor(ys)
 
 
+def split_input_scores(model: nn.Module, dataset: str) -> tuple[nn.Module, Tensor, Tensor]:
+    """The input-space score (model_export.ood_input) fitted on the training split, with its values on the
+    holdout ("val") and test splits; texts read as split_outputs reads them, images as the model sees them."""
+    cfg = model.cfg
+    if dataset == "fashion":
+        train = load_task(dataset, "train", cfg)
+        idx = torch.randperm(len(train), generator=torch.Generator().manual_seed(0))[:IMAGE_FIT_LIMIT]
+        train = type(train)(train.images[idx], train.labels[idx], train.mean, train.std, augment=False)
+        return image_input_scores(train, load_task(dataset, "val", cfg), load_task(dataset, "test", cfg))
+    raws = {
+        p: [t.encode("utf-8")[: cfg.max_length] for t in text_docs(dataset, p)[0]] for p in ("train", "val", "test")
+    }
+    return text_input_scores(raws["train"], raws["val"], raws["test"], bool(getattr(cfg, "case_fold", False)))
+
+
 Outputs = tuple[Tensor, Tensor, Tensor]  # (logits [N, C], pooled features [N, D], labels [N])
 
 
@@ -96,13 +114,32 @@ def holdout_temperature(z_val: Tensor, y_val: Tensor) -> tuple[float, str | None
 
 
 def serving_sections(
-    val: Outputs, train: Outputs, test: Outputs, temperature: float, train_items: str, note: str | None = None
+    val: Outputs,
+    train: Outputs,
+    test: Outputs,
+    temperature: float,
+    train_items: str,
+    note: str | None = None,
+    inputs: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[MahalanobisScore, dict[str, Any], dict[str, Any]]:
     """The ood score fitted on training features with the threshold passing PASS_RATE of the holdout, and
-    config.json's "calibration" and "ood" sections (ECE before/after on holdout and test; test pass rate)."""
+    config.json's "calibration" and "ood" sections (ECE before/after on holdout and test; test pass rate).
+
+    inputs: an input-space score's values on the holdout and test items (model_export.ood_input); the served
+    score is then max(m / q_m, s / q_s), each divided by its PASS_RATE quantile on the holdout
+    (ood section "scales": [q_m, q_s]), and the threshold is set on that combination."""
     (z_val, f_val, y_val), (_, f_train, y_train), (z_test, f_test, y_test) = val, train, test
     ood = MahalanobisScore.fit(f_train, y_train)
-    threshold = threshold_at(ood(f_val), PASS_RATE)
+    m_val, m_test = ood(f_val), ood(f_test)
+    scales = None
+    if inputs is not None:
+        s_val, s_test = inputs
+        scales = [threshold_at(m_val, PASS_RATE), threshold_at(s_val, PASS_RATE)]
+        component_pass = {"feature": round(float((m_test <= scales[0]).double().mean()), 4),
+                          "input": round(float((s_test <= scales[1]).double().mean()), 4)}  # fmt: skip
+        m_val = torch.maximum(m_val / scales[0], s_val / scales[1])
+        m_test = torch.maximum(m_test / scales[0], s_test / scales[1])
+    threshold = threshold_at(m_val, PASS_RATE)
 
     def ece(z: Tensor, y: Tensor, t: float) -> float:
         return round(expected_calibration_error(torch.softmax(z.double() / t, -1), y, ECE_BINS), 4)
@@ -127,8 +164,18 @@ def serving_sections(
         "fitted_on": f"training split ({len(y_train)} items{train_items})",
         "threshold": threshold,
         "holdout_pass_rate": PASS_RATE,
-        "test_in_distribution_rate": round(float((ood(f_test) <= threshold).double().mean()), 4),
+        "test_in_distribution_rate": round(float((m_test <= threshold).double().mean()), 4),
     }
+    if scales is not None:
+        ood_section["method"] = "max(mahalanobis / scales[0], input nll / scales[1])"
+        ood_section["score"] = (
+            "the larger of two scores, each divided by its 95% quantile on the holdout: the squared Mahalanobis "
+            "distance of the pooled features to the nearest class mean (shared covariance), and the input's mean "
+            "negative log-likelihood under a model of the training inputs (text: byte bigrams; images: a "
+            "Gaussian per pixel); model_export.ood_input"
+        )
+        ood_section["scales"] = scales  # unrounded: the graph divides by these exact values
+        ood_section["test_pass_rate_by_component"] = component_pass
     return ood, calibration, ood_section
 
 
@@ -144,9 +191,10 @@ def finalize(model_dir: Path, plot_dir: Path | None = None) -> dict[str, Any]:
     train = split_outputs(model, dataset, "train", heads=True)
     test = split_outputs(model, dataset, "test")
     heads = ", documents whole and first 512 / 2,048 bytes" if dataset != "fashion" else ""
-    ood, calibration, ood_section = serving_sections(val, train, test, temperature, heads, note)
+    input_score, s_val, s_test = split_input_scores(model, dataset)
+    ood, calibration, ood_section = serving_sections(val, train, test, temperature, heads, note, (s_val, s_test))
     z_test, _, y_test = test
-    serving = ServingModel.wrap(model, temperature, ood)
+    serving = ServingModel.wrap(model, temperature, ood, input_score, tuple(ood_section["scales"]))
     weights = model_dir / VERSION / WEIGHTS
     state = {k: v for k, v in load_file(str(weights)).items() if not k.startswith("serving.")}
     save_file({**state, **serving.serving_state()}, str(weights), metadata={"format": "pt"})

@@ -96,8 +96,8 @@ def load_pretrained(
     cfg = config_from_dict(conf["model"], conf["attention"])
     model = build_model(cfg, seed=int(conf.get("seed", 0)))
     state = load_file(str(Path(model_dir) / VERSION / WEIGHTS), device=str(map_location))
-    extra = {k: state.pop(k) for k in SERVING_KEYS if k in state}
-    if extra and len(extra) != len(SERVING_KEYS):
+    extra = {k: state.pop(k) for k in list(state) if k.startswith("serving.")}
+    if extra and not set(SERVING_KEYS) <= set(extra):
         raise ValueError(f"{model_dir}: the serving head needs all of {SERVING_KEYS}, found {sorted(extra)}")
     model.load_state_dict(state, strict=True)
     if serving and extra:

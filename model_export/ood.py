@@ -69,32 +69,69 @@ class ServingModel(nn.Module):
 
     output_names = ("logits", "ood_score")
 
-    def __init__(self, model: nn.Module, temperature: float, ood: MahalanobisScore) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        temperature: float,
+        ood: MahalanobisScore,
+        input_score: nn.Module | None = None,
+        scales: tuple[float, float] | None = None,
+    ) -> None:
         super().__init__()
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
+        if (input_score is None) != (scales is None) or (scales is not None and not min(scales) > 0):
+            raise ValueError(f"an input score needs two positive scales (feature, input), got {scales}")
         self.model = model
         self.cfg = model.cfg
         self.register_buffer("temperature", torch.tensor(float(temperature)))
         self.ood = ood
+        # Optional (model_export.ood_input): the served score is then max(m / scales[0], input / scales[1]).
+        self.input_score = input_score
+        self.register_buffer("ood_scales", None if scales is None else torch.tensor([float(v) for v in scales]))
 
     @staticmethod
-    def wrap(model: nn.Module, temperature: float, ood: MahalanobisScore) -> ServingModel:
+    def wrap(
+        model: nn.Module,
+        temperature: float,
+        ood: MahalanobisScore,
+        input_score: nn.Module | None = None,
+        scales: tuple[float, float] | None = None,
+    ) -> ServingModel:
         """The serving model of a text encoder or a ViT (forward's argument names are the graph's inputs)."""
         cls = ImageServingModel if hasattr(model.cfg, "image_size") else TextServingModel
-        return cls(model, temperature, ood)
+        return cls(model, temperature, ood, input_score, scales)
 
     def serving_state(self) -> dict[str, Tensor]:
-        return {
+        from model_export.ood_input import input_state
+
+        state = {
             "serving.temperature": self.temperature.reshape(1),
             "serving.ood_means": self.ood.means,
             "serving.ood_whiten": self.ood.whiten,
         }
+        if self.input_score is not None:
+            state.update(input_state(self.input_score))
+            state["serving.ood_scales"] = self.ood_scales
+        return state
 
     @classmethod
     def from_state(cls, model: nn.Module, state: dict[str, Tensor]) -> ServingModel:
+        from model_export.ood_input import input_from_state
+
         ood = MahalanobisScore(state["serving.ood_means"], state["serving.ood_whiten"])
-        return ServingModel.wrap(model, float(state["serving.temperature"].reshape(())), ood)
+        inp = input_from_state(state, bool(getattr(model.cfg, "case_fold", False)))
+        scales = None
+        if inp is not None:
+            if "serving.ood_scales" not in state:
+                raise ValueError("the serving head has an input score but no serving.ood_scales")
+            scales = tuple(float(v) for v in state["serving.ood_scales"])
+        return ServingModel.wrap(model, float(state["serving.temperature"].reshape(())), ood, inp, scales)  # type: ignore[arg-type]
+
+    def combine(self, feature_score: Tensor, input_score: Tensor | None) -> Tensor:
+        if input_score is None or self.ood_scales is None:
+            return feature_score
+        return torch.maximum(feature_score / self.ood_scales[0], input_score / self.ood_scales[1])
 
 
 class TextServingModel(ServingModel):
@@ -103,10 +140,14 @@ class TextServingModel(ServingModel):
         logits = self.model.forward_head(x, attention_mask)  # [B, C]
         if getattr(self.model, "tfidf", None) is not None:
             logits = logits + self.model.forward_wide(input_ids, attention_mask)
-        return logits / self.temperature, self.ood(self.model.forward_pooled(x, attention_mask))
+        feature = self.ood(self.model.forward_pooled(x, attention_mask))
+        inp = None if self.input_score is None else self.input_score(input_ids, attention_mask)
+        return logits / self.temperature, self.combine(feature, inp)
 
 
 class ImageServingModel(ServingModel):
     def forward(self, pixel_values: Tensor) -> tuple[Tensor, Tensor]:
         x = self.model.forward_features(pixel_values)  # [B, N, D]
-        return self.model.forward_head(x) / self.temperature, self.ood(self.model.forward_pooled(x))
+        feature = self.ood(self.model.forward_pooled(x))
+        inp = None if self.input_score is None else self.input_score(pixel_values)
+        return self.model.forward_head(x) / self.temperature, self.combine(feature, inp)

@@ -25,15 +25,18 @@ from model_export.userfit import FitState
 
 def serving_head(model: torch.nn.Module, prep: Any) -> tuple[ServingModel, dict[str, Any], dict[str, Any], Any]:
     """The shipped models' serving head (model_export.finalize) for this run: a temperature fitted on the
-    holdout, a Mahalanobis out-of-distribution score fitted on training features with the threshold that
-    passes 95% of the holdout. Returns (serving model, calibration section, ood section, test outputs)."""
+    holdout, a Mahalanobis out-of-distribution score fitted on training features combined with an input-space
+    score fitted on the training inputs (model_export.ood_input), with the threshold that passes 95% of the
+    holdout. Returns (serving model, calibration section, ood section, test outputs)."""
     val = prep.outputs(model, "holdout")
     temperature, note = holdout_temperature(val[0], val[2])
     train, test = prep.outputs(model, "train"), prep.outputs(model, "test")
     heads = ", documents whole and first 512 / 2,048 bytes" if prep.data.task == "text" else ""
-    ood, calibration, ood_section = serving_sections(val, train, test, temperature, heads, note)
+    input_score, s_val, s_test = prep.input_scores()
+    ood, calibration, ood_section = serving_sections(val, train, test, temperature, heads, note, (s_val, s_test))
     z_test = test[0]
-    return ServingModel.wrap(model, temperature, ood).eval(), calibration, ood_section, z_test
+    serving = ServingModel.wrap(model, temperature, ood, input_score, tuple(ood_section["scales"]))
+    return serving.eval(), calibration, ood_section, z_test
 
 
 def finish(args: argparse.Namespace, prep: Any, state: FitState, stage: Path) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from model_export.config import TextConfig, config_from_dict
 from model_export.data import pad_batch
 from model_export.finalize import TEXT_HEADS, task_outputs, text_outputs
 from model_export.long_docs import LengthMixTask, length_groups, to_ids
+from model_export.ood_input import image_input_scores, text_input_scores
 from model_export.registry import build_model, get_config
 from model_export.tasks import ImageTask
 from model_export.train import DEFAULTS
@@ -184,6 +185,7 @@ class Prepared:
     baseline: Any  # (seconds LARA trained) -> (test probabilities, baseline name, fit seconds)
     outputs: Any  # (model, "train" | "holdout" | "test") -> (logits [N, C], pooled features [N, D], labels [N])
     test_texts: list[bytes]  # text: the test documents (accuracy vs length)
+    input_scores: Any = None  # () -> (input-space ood score fitted on train, its holdout values, its test values)
 
 
 def prepare(args: argparse.Namespace) -> Prepared:
@@ -228,6 +230,8 @@ def prepare(args: argparse.Namespace) -> Prepared:
             return z, f, torch.tensor(parts[part][1])
 
         train_texts, train_y = [data.texts[i] for i in split.train], y_all[split.train].tolist()
+        input_scores = lambda: text_input_scores(train_raws, parts["holdout"][0], parts["test"][0],  # noqa: E731
+                                                 bool(cfg.case_fold))  # fmt: skip
 
         def baseline(secs: float) -> tuple[np.ndarray, str, float]:
             del secs  # a linear model fits in seconds: no time to match
@@ -254,6 +258,8 @@ def prepare(args: argparse.Namespace) -> Prepared:
         def outputs(m: nn.Module, part: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             return task_outputs(m.eval(), parts[part])
 
+        input_scores = lambda: image_input_scores(parts["train"], hold_task, test_task)  # noqa: E731
+
         def baseline(secs: float) -> tuple[np.ndarray, str, float]:
             probs, fit_s = image_baseline(train_task, test_task, len(names), secs, args.seed, args.clock)
             return probs, IMAGE_BASELINE, fit_s
@@ -278,6 +284,7 @@ def prepare(args: argparse.Namespace) -> Prepared:
         baseline,
         outputs,
         test_raws,
+        input_scores,
     )
 
 
