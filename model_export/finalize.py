@@ -126,19 +126,26 @@ def serving_sections(
     config.json's "calibration" and "ood" sections (ECE before/after on holdout and test; test pass rate).
 
     inputs: an input-space score's values on the holdout and test items (model_export.ood_input); the served
-    score is then max(m / q_m, s / q_s), each divided by its PASS_RATE quantile on the holdout
-    (ood section "scales": [q_m, q_s]), and the threshold is set on that combination."""
+    score is then m / q_m + max(0, (s - q_s) / (q_s - median_s)), q the PASS_RATE quantiles on the holdout
+    (ood section "scales": [q_m, q_s, median_s]): the feature score, plus a penalty once the input is less
+    likely than PASS_RATE of the holdout's (the rule chosen on validation sets: research/ood_combination.py);
+    the threshold is set on that combination."""
     (z_val, f_val, y_val), (_, f_train, y_train), (z_test, f_test, y_test) = val, train, test
     ood = MahalanobisScore.fit(f_train, y_train)
     m_val, m_test = ood(f_val), ood(f_test)
     scales = None
     if inputs is not None:
         s_val, s_test = inputs
-        scales = [threshold_at(m_val, PASS_RATE), threshold_at(s_val, PASS_RATE)]
+        q_s, med_s = threshold_at(s_val, PASS_RATE), float(s_val.double().median())
+        q_s = max(q_s, med_s + 1e-6 * max(abs(med_s), 1.0))  # a spread > 0 even for a degenerate holdout
+        scales = [threshold_at(m_val, PASS_RATE), q_s, med_s]
         component_pass = {"feature": round(float((m_test <= scales[0]).double().mean()), 4),
-                          "input": round(float((s_test <= scales[1]).double().mean()), 4)}  # fmt: skip
-        m_val = torch.maximum(m_val / scales[0], s_val / scales[1])
-        m_test = torch.maximum(m_test / scales[0], s_test / scales[1])
+                          "input": round(float((s_test <= q_s).double().mean()), 4)}  # fmt: skip
+
+        def combined(m: Tensor, s: Tensor) -> Tensor:
+            return m.double() / scales[0] + torch.relu((s.double() - q_s) / (q_s - med_s))
+
+        m_val, m_test = combined(m_val, s_val), combined(m_test, s_test)
     threshold = threshold_at(m_val, PASS_RATE)
 
     def ece(z: Tensor, y: Tensor, t: float) -> float:
@@ -167,12 +174,13 @@ def serving_sections(
         "test_in_distribution_rate": round(float((m_test <= threshold).double().mean()), 4),
     }
     if scales is not None:
-        ood_section["method"] = "max(mahalanobis / scales[0], input nll / scales[1])"
+        ood_section["method"] = "mahalanobis / scales[0] + max(0, (input nll - scales[1]) / (scales[1] - scales[2]))"
         ood_section["score"] = (
-            "the larger of two scores, each divided by its 95% quantile on the holdout: the squared Mahalanobis "
-            "distance of the pooled features to the nearest class mean (shared covariance), and the input's mean "
-            "negative log-likelihood under a model of the training inputs (text: byte bigrams; images: a "
-            "Gaussian per pixel); model_export.ood_input"
+            "the squared Mahalanobis distance of the pooled features to the nearest class mean (shared covariance) "
+            "divided by its 95% holdout quantile, plus a penalty once the input's mean negative log-likelihood "
+            "under a model of the training inputs (text: byte bigrams; images: a Gaussian per pixel) exceeds its "
+            "95% holdout quantile, in units of that quantile's distance from the holdout median; "
+            "model_export.ood_input"
         )
         ood_section["scales"] = scales  # unrounded: the graph divides by these exact values
         ood_section["test_pass_rate_by_component"] = component_pass

@@ -75,18 +75,22 @@ class ServingModel(nn.Module):
         temperature: float,
         ood: MahalanobisScore,
         input_score: nn.Module | None = None,
-        scales: tuple[float, float] | None = None,
+        scales: tuple[float, float, float] | None = None,
     ) -> None:
         super().__init__()
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
-        if (input_score is None) != (scales is None) or (scales is not None and not min(scales) > 0):
-            raise ValueError(f"an input score needs two positive scales (feature, input), got {scales}")
+        if (input_score is None) != (scales is None) or (
+            scales is not None and not (len(scales) == 3 and scales[0] > 0 and scales[1] > scales[2])
+        ):
+            raise ValueError(f"an input score needs scales (q_feature > 0, q_input > median_input), got {scales}")
         self.model = model
         self.cfg = model.cfg
         self.register_buffer("temperature", torch.tensor(float(temperature)))
         self.ood = ood
-        # Optional (model_export.ood_input): the served score is then max(m / scales[0], input / scales[1]).
+        # Optional (model_export.ood_input): the served score is then
+        # m / q_m + max(0, (s - q_s) / (q_s - median_s)) with scales = (q_m, q_s, median_s): the feature score
+        # alone unless the input is less likely than 95% of the holdout's (research/ood_combination.py).
         self.input_score = input_score
         self.register_buffer("ood_scales", None if scales is None else torch.tensor([float(v) for v in scales]))
 
@@ -96,7 +100,7 @@ class ServingModel(nn.Module):
         temperature: float,
         ood: MahalanobisScore,
         input_score: nn.Module | None = None,
-        scales: tuple[float, float] | None = None,
+        scales: tuple[float, float, float] | None = None,
     ) -> ServingModel:
         """The serving model of a text encoder or a ViT (forward's argument names are the graph's inputs)."""
         cls = ImageServingModel if hasattr(model.cfg, "image_size") else TextServingModel
@@ -131,7 +135,8 @@ class ServingModel(nn.Module):
     def combine(self, feature_score: Tensor, input_score: Tensor | None) -> Tensor:
         if input_score is None or self.ood_scales is None:
             return feature_score
-        return torch.maximum(feature_score / self.ood_scales[0], input_score / self.ood_scales[1])
+        q_m, q_s, med_s = self.ood_scales[0], self.ood_scales[1], self.ood_scales[2]
+        return feature_score / q_m + torch.relu((input_score - q_s) / (q_s - med_s))
 
 
 class TextServingModel(ServingModel):

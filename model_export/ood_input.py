@@ -14,8 +14,12 @@ on the other kind: see docs/robustness.md). Both scores are cheap and linear in 
 - images, `PixelNLL`: the mean over pixels of (x - mu)^2 / var + log var under an independent Gaussian per
   pixel of the training images (normalized as the model sees them), the variance floored at 5% of its mean.
 
-model_export.finalize combines them with the Mahalanobis score as max(m / q_m, s / q_s), each divided by its
-95% quantile on the holdout, so either score alone can mark an item as not the model's.
+model_export.finalize combines them with the Mahalanobis score m as m / q_m + max(0, (s - q_s) / (q_s - med_s))
+(q: 95% holdout quantiles, med: the holdout median): in-distribution inputs are ranked by the feature score
+alone, and an input less likely than 95% of the holdout's gets a penalty that grows with its distance. On
+validation sets (research/ood_combination.py) this kept the feature score's AUROC on English of another kind
+(0.91 vs 0.92 alone) where the larger of the two scaled scores lost it (0.84), and reached 0.99-1.0 on code,
+word salad and made-up language (0.94-0.95 for the feature score alone).
 """
 
 from __future__ import annotations

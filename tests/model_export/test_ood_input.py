@@ -96,7 +96,7 @@ def _serving(model: torch.nn.Module) -> ServingModel:
     with torch.no_grad():
         feats = pooled_features(model.eval(), {"input_ids": ids, "attention_mask": torch.ones_like(ids)})
     bigram = ByteBigramNLL.fit(DOCS * 3, case_fold=bool(getattr(model.cfg, "case_fold", False)))
-    return ServingModel.wrap(model, 1.5, MahalanobisScore.fit(feats, torch.arange(40) % 2), bigram, (50.0, 4.0))
+    return ServingModel.wrap(model, 1.5, MahalanobisScore.fit(feats, torch.arange(40) % 2), bigram, (50.0, 4.0, 3.0))
 
 
 def test_the_served_score_is_the_larger_scaled_score() -> None:
@@ -107,10 +107,11 @@ def test_the_served_score_is_the_larger_scaled_score() -> None:
     with torch.no_grad():
         _, score = serving(ids, mask)
         feats = pooled_features(model, {"input_ids": ids, "attention_mask": mask})
-        want = torch.maximum(serving.ood(feats) / 50.0, serving.input_score(ids, mask) / 4.0)
-    torch.testing.assert_close(score, want, rtol=0, atol=0)
-    with pytest.raises(ValueError, match="two positive scales"):
-        ServingModel.wrap(model, 1.0, serving.ood, serving.input_score, None)
+        want = serving.ood(feats) / 50.0 + torch.relu(serving.input_score(ids, mask) - 4.0)  # spread 4 - 3 = 1
+    torch.testing.assert_close(score, want, rtol=1e-6, atol=1e-6)
+    for bad in (None, (50.0, 3.0, 4.0), (0.0, 4.0, 3.0)):
+        with pytest.raises(ValueError, match="needs scales"):
+            ServingModel.wrap(model, 1.0, serving.ood, serving.input_score, bad)
 
 
 def test_combined_head_saves_loads_and_exports_with_parity(tmp_path) -> None:
@@ -125,7 +126,7 @@ def test_combined_head_saves_loads_and_exports_with_parity(tmp_path) -> None:
     weights = tmp_path / "1" / "model.safetensors"
     save_file({**load_file(str(weights)), **serving.serving_state()}, str(weights))
     served = load_pretrained(tmp_path, serving=True)
-    assert isinstance(served.input_score, ByteBigramNLL) and served.ood_scales.tolist() == [50.0, 4.0]
+    assert isinstance(served.input_score, ByteBigramNLL) and served.ood_scales.tolist() == [50.0, 4.0, 3.0]
     assert not isinstance(load_pretrained(tmp_path), ServingModel)
     section = ex.export_model_dir(tmp_path)
     assert all(r["ood_max_rel_diff"] <= ex.OOD_PARITY_RTOL for r in section["parity"]["cases"])
@@ -157,8 +158,9 @@ def test_serving_sections_set_the_threshold_on_the_combination() -> None:
     val, train, test = outputs(400), outputs(1000), outputs(300)
     s_val, s_test = torch.rand(400, generator=g) + 2.0, torch.rand(300, generator=g) + 2.5  # test shifted
     ood, _, section = serving_sections(val, train, test, 1.0, "", None, (s_val, s_test))
-    q_m, q_s = section["scales"]
-    combined = torch.maximum(ood(val[1]) / q_m, s_val / q_s)
+    q_m, q_s, med_s = section["scales"]
+    assert med_s == pytest.approx(float(s_val.median())) and q_s > med_s
+    combined = ood(val[1]) / q_m + torch.relu((s_val - q_s) / (q_s - med_s))
     assert float((combined <= section["threshold"]).float().mean()) == pytest.approx(PASS_RATE, abs=0.01)
     assert section["test_pass_rate_by_component"]["input"] < 0.7  # the shifted input score, measured on test
-    assert section["method"].startswith("max(")
+    assert section["method"].startswith("mahalanobis / scales[0] + max(0,")
