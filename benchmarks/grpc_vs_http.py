@@ -13,12 +13,12 @@ tensors, grpc with raw_input_contents), one client per thread. Servers, all up f
 Both batch alike (max 32 items, 2 ms delay) and run onnxruntime with the same session options (default
 intra-op threads, spinning off unless `--ort-spinning`). Each server leads its own session, so where Linux
 groups CPU shares by session (autogroup) neither shares one with this driver or what else runs in its
-session (`--lara-in-driver-session` is the old, lopsided set-up). Each (payload, protocol) runs the servers
-one after another; `--rounds` repeats with the order reversed in odd rounds, so noise hits both alike.
-Besides latency, each cell records the server's CPU time per request (all its processes and threads, from
-/proc), which a loaded machine stretches far less than wall time.
-Latency: one client, one request at a time (median and p99). Throughput: `--concurrency` threads for
-`--seconds`. By default the models are tiny synthetic ones (server.synthetic: compute is small, so the
+session (`--lara-in-driver-session` is the old, lopsided set-up).
+Latency: one client, one request at a time (median and p99), the lanes of a (payload, protocol) taking
+turns request by request, so a change in the machine's load hits all alike; with it the server's CPU time
+per request (all its processes and threads, from /proc), which a loaded machine stretches far less than
+wall time. Throughput: `--concurrency` threads for `--seconds`, lane after lane; `--rounds` repeats, the
+order reversed in odd rounds. By default the models are tiny synthetic ones (server.synthetic: compute is small, so the
 protocols' own cost shows); `--models-dir model_repository` runs the shipped lara-text-news and
 lara-vit-fashion (with LaraAttention). Writes benchmarks/results/grpc_vs_http.json and a .png beside it;
 the tables come from benchmarks/grpc_vs_http_report.py.
@@ -44,7 +44,7 @@ import numpy as np
 from PIL import Image
 
 from benchmarks import pytriton_peer
-from benchmarks.grpc_vs_http_report import chart, markdown, ratios, summarize
+from benchmarks.grpc_vs_http_report import chart, markdown, paired, ratios, summarize
 from server.repository import read_config
 from server.testing import free_port, server_process
 
@@ -386,6 +386,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "compute_ms": compute,
         "rows": rows,
         "ratios": ratios(rows),
+        "paired": paired(cells),
         "cells": cells,
     }  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -395,6 +396,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"on {os.cpu_count()} CPUs")  # fmt: skip
     print(markdown(rows))
     print(json.dumps(report["ratios"], indent=2))
+    print(json.dumps(report["paired"], indent=2))
     return report
 
 

@@ -95,6 +95,26 @@ def ratios(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def paired(cells: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per payload and protocol, LARA's p50 over Triton's (tensors) round by round. Within a round the two
+    took turns request by request, so each ratio saw one load; their median is steadier than the ratio of
+    the medians, which compares p50s taken minutes apart."""
+    by: dict[tuple[str, str, int], dict[str, float]] = {}
+    for c in cells:
+        if c["input"] == "tensors":
+            by.setdefault((c["payload"], c["protocol"], c["round"]), {})[c["server"]] = c["p50_ms"]
+    out: dict[str, dict[str, Any]] = {}
+    for (payload, protocol, _), p50 in by.items():
+        if "lara" in p50 and p50.get("triton"):
+            out.setdefault(payload, {}).setdefault(protocol, []).append(p50["lara"] / p50["triton"])
+    return {
+        payload: {
+            f"lara_over_triton_{p}_p50_per_round": {"median": statistics.median(r), "rounds": r} for p, r in v.items()
+        }
+        for payload, v in out.items()
+    }
+
+
 def _fmt(value: float | None, digits: int = 1) -> str:
     return "n/a" if value is None else f"{value:,.{digits}f}"
 
@@ -156,6 +176,7 @@ def rerender(path: Path) -> str:
     report = json.loads(path.read_text())
     report["rows"] = summarize(report["cells"], report.get("compute_ms"))
     report["ratios"] = ratios(report["rows"])
+    report["paired"] = paired(report["cells"])
     path.write_text(json.dumps(report, indent=2, default=str) + "\n")
     settings = report["settings"]
     rounds = max(c["round"] for c in report["cells"]) + 1 if report["cells"] else 0

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from benchmarks import pytriton_peer
-from benchmarks.grpc_vs_http_report import chart, markdown, ratios, summarize
+from benchmarks.grpc_vs_http_report import chart, markdown, paired, ratios, summarize
 
 
 def cell(payload: str, server: str, input_: str, protocol: str, p50: float, rps: float, round_: int = 0) -> dict:
@@ -66,6 +66,14 @@ def test_cpu_per_request_is_the_median_over_rounds_and_compared_with_triton() ->
     assert ratios(rows)["a"]["lara_over_triton_grpc_cpu"] == pytest.approx(7.0 / 12.0)
     assert "| 25.0 | 12.0 |" in markdown(rows)
     assert ratios(summarize(full("a", 10.0, 20.0, 10.0)))["a"]["lara_over_triton_grpc_cpu"] is None  # old files
+
+
+def test_paired_ratios_are_per_round_then_the_median() -> None:
+    cells = full("a", 10.0, 20.0, 20.0) + [dict(c, round=1) for c in full("a", 30.0, 20.0, 10.0)]
+    cells += [dict(c, round=2) for c in full("a", 9.0, 20.0, 10.0)]
+    got = paired(cells)["a"]["lara_over_triton_grpc_p50_per_round"]
+    assert got["rounds"] == [0.5, 3.0, 0.9] and got["median"] == 0.9
+    assert paired([c for c in cells if c["server"] == "lara"]) == {}  # no Triton: nothing to pair
 
 
 def test_session_cpu_counts_this_process_group_only() -> None:
