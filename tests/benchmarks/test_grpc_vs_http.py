@@ -94,6 +94,28 @@ def test_session_cpu_counts_this_process_group_only() -> None:
     assert session_cpu_ms(2**22 + 12345) == 0  # beyond pid_max: no process
 
 
+def test_the_benchmarked_server_leads_its_own_session(tmp_path: Path) -> None:
+    """The old set-up put LARA Serve in the driver's session (one autogroup CPU share with whatever ran
+    there) and Triton in its own: 5.6x apart under the same load (docs/protocols.md). Both now lead their own,
+    and the CPU accounting finds the server by it."""
+    import os
+
+    from benchmarks.grpc_vs_http import _child_session, session_cpu_ms
+    from server.synthetic import make_image_model
+    from server.testing import free_port, server_process
+
+    make_image_model(tmp_path, "img")
+    env = {"LARA_MODEL_REPOSITORY": str(tmp_path), "LARA_NUM_THREADS": "1", "LARA_WARMUP": "false"}
+    grpc_port = free_port()
+    with server_process(["--log-level", "warning", "--grpc-port", str(grpc_port)], env=env, new_session=True):
+        session = _child_session(str(grpc_port))
+        assert session > 0 and os.getsid(session) == session != os.getsid(0)
+        cpu = session_cpu_ms(session)
+        assert cpu is not None and cpu > 0  # it imported and loaded a model: not an empty session
+    with server_process(["--log-level", "warning", "--grpc-port", str(grpc_port)], env=env):
+        assert _child_session(str(grpc_port)) == 0  # the default: the caller's session, as tests want
+
+
 def test_ratios_without_triton_say_nothing_about_triton() -> None:
     rows = summarize([c for c in full("a", 10.0, 20.0, 10.0) if c["server"] == "lara"])
     got = ratios(rows)["a"]
