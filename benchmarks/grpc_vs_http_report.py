@@ -6,7 +6,9 @@ tensors, what both servers accept; "raw": the text or PNG bytes, LARA Serve only
 binary | "grpc"), `round`, `p50_ms`, `p99_ms`, `requests_per_s`. Rounds alternate the order of servers,
 so a row is the median over rounds (mean for throughput). Overhead per request is the median latency minus
 the model's own compute time on the same input (`compute_ms`, measured with onnxruntime in-process, the
-same for every server, so it shifts rows but no comparison).
+same for every server, so it shifts rows but no comparison). Where a cell has it, `cpu_ms_per_request` is the
+server's CPU time (all its processes and threads) per request of the one-client latency cell: what a request
+costs the machine, which CPU contention stretches far less than it stretches wall time.
 
     python -m benchmarks.grpc_vs_http_report RESULTS.json   # rows, ratios and chart again from the cells
 """
@@ -44,6 +46,8 @@ def summarize(
         row["p50_ms_range"] = [min(c["p50_ms"] for c in group), max(c["p50_ms"] for c in group)]  # the noise
         row["p99_ms"] = statistics.median(c["p99_ms"] for c in group)
         row["requests_per_s"] = statistics.fmean(c["requests_per_s"] for c in group)
+        cpu = [c["cpu_ms_per_request"] for c in group if c.get("cpu_ms_per_request") is not None]
+        row["cpu_ms_per_request"] = statistics.median(cpu) if cpu else None  # files before it was measured: None
         compute = (compute_ms or {}).get(row["payload"])
         row["overhead_ms"] = row["p50_ms"] - compute if compute is not None else None
         rows.append(row)
@@ -78,6 +82,7 @@ def ratios(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
             "lara_over_triton_grpc_p50": _ratio(lara_grpc, triton_grpc, "p50_ms"),
             "lara_over_triton_grpc_throughput": _ratio(lara_grpc, triton_grpc, "requests_per_s"),
             "lara_over_triton_http_p50": _ratio(lara_http, triton_http, "p50_ms"),
+            "lara_over_triton_grpc_cpu": _ratio(lara_grpc, triton_grpc, "cpu_ms_per_request"),
         }
         # Both servers run the same model on the same input, so overhead = p50 - the same compute: comparing
         # overheads is comparing p50s.
@@ -90,6 +95,26 @@ def ratios(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def paired(cells: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per payload and protocol, LARA's p50 over Triton's (tensors) round by round. Within a round the two
+    took turns request by request, so each ratio saw one load; their median is steadier than the ratio of
+    the medians, which compares p50s taken minutes apart."""
+    by: dict[tuple[str, str, int], dict[str, float]] = {}
+    for c in cells:
+        if c["input"] == "tensors":
+            by.setdefault((c["payload"], c["protocol"], c["round"]), {})[c["server"]] = c["p50_ms"]
+    out: dict[str, dict[str, Any]] = {}
+    for (payload, protocol, _), p50 in by.items():
+        if "lara" in p50 and p50.get("triton"):
+            out.setdefault(payload, {}).setdefault(protocol, []).append(p50["lara"] / p50["triton"])
+    return {
+        payload: {
+            f"lara_over_triton_{p}_p50_per_round": {"median": statistics.median(r), "rounds": r} for p, r in v.items()
+        }
+        for payload, v in out.items()
+    }
+
+
 def _fmt(value: float | None, digits: int = 1) -> str:
     return "n/a" if value is None else f"{value:,.{digits}f}"
 
@@ -97,15 +122,15 @@ def _fmt(value: float | None, digits: int = 1) -> str:
 def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     lines = [
         "| payload | server, input | protocol | p50 (ms) | p50 over rounds | p99 (ms) | overhead p50 (ms) "
-        "| throughput (req/s) |",
-        "|---|---|---|---:|---:|---:|---:|---:|",
+        "| throughput (req/s) | server CPU (ms/req) |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lane = LANE_NAMES.get((r["server"], r["input"]), f"{r['server']}, {r['input']}")
         lines.append(
             f"| {r['payload']} | {lane} | {r['protocol']} | {_fmt(r['p50_ms'])} | "
             f"{_fmt(r['p50_ms_range'][0])}-{_fmt(r['p50_ms_range'][1])} | {_fmt(r['p99_ms'])} | "
-            f"{_fmt(r.get('overhead_ms'))} | {_fmt(r['requests_per_s'])} |"
+            f"{_fmt(r.get('overhead_ms'))} | {_fmt(r['requests_per_s'])} | {_fmt(r.get('cpu_ms_per_request'))} |"
         )
     return "\n".join(lines)
 
@@ -151,6 +176,7 @@ def rerender(path: Path) -> str:
     report = json.loads(path.read_text())
     report["rows"] = summarize(report["cells"], report.get("compute_ms"))
     report["ratios"] = ratios(report["rows"])
+    report["paired"] = paired(report["cells"])
     path.write_text(json.dumps(report, indent=2, default=str) + "\n")
     settings = report["settings"]
     rounds = max(c["round"] for c in report["cells"]) + 1 if report["cells"] else 0

@@ -97,6 +97,7 @@ class Peer:
     http: str  # host:port, as tritonclient takes it
     grpc: str
     metrics: str  # full URL of the Prometheus endpoint
+    session: int = 0  # session id of its processes (tritonserver, the stub, the proxies), for CPU accounting
 
 
 def _wait_ready(peer: Peer, models: Sequence[str], proc: subprocess.Popen[bytes], log: Any, timeout_s: float) -> None:
@@ -126,10 +127,10 @@ def running(
     max_queue_delay_us: int = 2000,
     start_timeout_s: float = 300.0,
     num_threads: int = 0,
+    spinning: bool = False,
 ) -> Iterator[Peer]:
     """Start tritonserver serving `models` (name -> model.onnx) and stop it (its whole process group) after."""
     http, grpc, metrics = _free_port(), _free_port(), _free_port()
-    peer = Peer(f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", f"http://127.0.0.1:{metrics}/metrics")
     cmd = [str(python), str(Path(__file__).resolve()), "serve", "--max-batch-size", str(max_batch_size),
            "--max-queue-delay-us", str(max_queue_delay_us), "--http-port", str(http), "--grpc-port", str(grpc),
            "--metrics-port", str(metrics), "--num-threads", str(num_threads)]  # fmt: skip
@@ -137,9 +138,12 @@ def running(
         cmd += ["--model", f"{name}={onnx}"]
     if ort_library:
         cmd += ["--ort-library", ort_library]
+    if spinning:
+        cmd += ["--ort-spinning"]
     with tempfile.TemporaryFile() as log:
         # Own session: a stop that hangs kills its group (tritonserver, the proxy), nothing else.
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        peer = Peer(f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", f"http://127.0.0.1:{metrics}/metrics", proc.pid)
         try:
             _wait_ready(peer, list(models), proc, log, start_timeout_s)
             yield peer
@@ -177,6 +181,8 @@ def _bind(triton: Any, name: str, onnx: str, args: argparse.Namespace) -> None:
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL  # as server/backends/onnx_runtime.py
     if args.num_threads:
         options.intra_op_num_threads = args.num_threads
+    for key in ("session.intra_op.allow_spinning", "session.inter_op.allow_spinning"):  # as LARA's ort_spinning
+        options.add_session_config_entry(key, "1" if args.ort_spinning else "0")
     if args.ort_library:
         options.register_custom_ops_library(args.ort_library)
     session = ort.InferenceSession(onnx, sess_options=options, providers=["CPUExecutionProvider"])
@@ -247,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     peer.add_argument("--max-batch-size", type=int, default=32)
     peer.add_argument("--max-queue-delay-us", type=int, default=2000)
     peer.add_argument("--num-threads", type=int, default=0, help="onnxruntime intra-op threads (0: its default)")
+    peer.add_argument("--ort-spinning", action="store_true", help="let idle onnxruntime threads busy-wait")
     peer.add_argument("--ort-library", default="", help="custom-op library to register (the fused kernel)")
     args = parser.parse_args(argv)
     if args.command == "serve":

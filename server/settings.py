@@ -45,6 +45,14 @@ class Settings(BaseSettings):
     num_threads: int = Field(
         0, ge=0, le=256, description="Intra-op threads of the backend; 0 keeps the library default."
     )
+    ort_spinning: bool = Field(
+        False,
+        description="onnxruntime: let idle intra-op threads busy-wait for the next parallel section. Off: "
+        "a request's CPU time halves (12.8 -> 6.2 ms per lara-vit-fashion request here, "
+        "docs/protocols.md) at the same latency on an idle machine; on a shared or loaded machine the "
+        "spinning only takes cores from the event loop and other work. On: maybe a little lower latency "
+        "on cores nothing else uses.",
+    )
     ort_attention: Literal["auto", "fused", "body"] = Field(
         "auto",
         description="onnxruntime on CPU: how LaraAttention nodes run. fused: the compiled C++ kernel as an "

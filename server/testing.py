@@ -22,13 +22,20 @@ def free_port() -> int:
 
 @contextmanager
 def server_process(
-    args: Sequence[str] = (), env: dict[str, str] | None = None, timeout_s: float = 60.0
+    args: Sequence[str] = (), env: dict[str, str] | None = None, timeout_s: float = 60.0, new_session: bool = False
 ) -> Iterator[str]:
-    """`python -m server ARGS` on 127.0.0.1:<free port>; yields its base URL once /v2/health/ready is 200."""
+    """`python -m server ARGS` on 127.0.0.1:<free port>; yields its base URL once /v2/health/ready is 200.
+
+    `new_session`: the server leads its own session (its pid is the session id). Where the kernel groups
+    processes by session for CPU shares (Linux autogroup), a server in the caller's session competes with
+    the caller (a load generator, other jobs) for ONE share; benchmarks that set a peer apart must do the same.
+    """
     port = free_port()
     cmd = [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port), *args]
     with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            cmd, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT, start_new_session=new_session
+        )
         url = f"http://127.0.0.1:{port}"
         try:
             deadline = time.monotonic() + timeout_s

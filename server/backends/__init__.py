@@ -55,11 +55,12 @@ def create_backend(
     device: Device,
     num_threads: int = 0,
     ort_attention: OrtAttention = "auto",
+    ort_spinning: bool = False,
 ) -> Backend:
     if name == "onnxruntime":
         from server.backends.onnx_runtime import OnnxRuntimeBackend
 
-        return OnnxRuntimeBackend(model_dir, config, device, num_threads, ort_attention)
+        return OnnxRuntimeBackend(model_dir, config, device, num_threads, ort_attention, ort_spinning)
     if name == "torch":
         from server.backends.pytorch import TorchBackend
 

@@ -15,6 +15,9 @@ import numpy as np
 from server.backends import BackendUnavailable, Device, ModelOutputs, OrtAttention, check_outputs
 from server.repository import ONNX_FILE, OOD_OUTPUT, ModelConfig
 
+# onnxruntime's session config keys for busy-waiting worker threads (onnxruntime_session_options_config_keys.h).
+SPIN_KEYS = ("session.intra_op.allow_spinning", "session.inter_op.allow_spinning")
+
 
 def not_supported_reasons(model_dir: Path, config: ModelConfig, device: Device) -> list[str]:
     reasons = []
@@ -43,6 +46,7 @@ class OnnxRuntimeBackend:
         device: Device,
         num_threads: int = 0,
         attention: OrtAttention = "auto",
+        spinning: bool = False,
     ) -> None:
         reasons = not_supported_reasons(model_dir, config, device)
         if reasons:
@@ -54,6 +58,11 @@ class OnnxRuntimeBackend:
             options.intra_op_num_threads = num_threads
         # One batch runs at a time per model (the batcher's worker thread): no inter-op parallelism.
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        # Spinning keeps each idle intra-op thread busy-waiting after every parallel section, so a request
+        # burned about twice its compute in CPU time (settings.ort_spinning): cores the event loop, the other
+        # models and everything else on the machine need.
+        for key in SPIN_KEYS:
+            options.add_session_config_entry(key, "1" if spinning else "0")
         self.attention_kernel = "body"
         if device == "cpu" and attention != "body":
             self.attention_kernel = _fused_or_body(options, attention)

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Depends, Request
 
 from server.metrics import server_version
 from server.model_card import describe
-from server.routes.common import AppState, State, get_state, require_api_key
+from server.routes.common import AppState, State, app_state, check_api_key, require_api_key
 from server.routes.triton import EXTENSIONS
 
 SERVER_NAME = "lara-serve"
@@ -59,11 +59,11 @@ async def info(state: State) -> dict[str, Any]:
     }
 
 
-def require_metrics_key(request: Request) -> None:
+async def require_metrics_key(request: Request) -> None:
     """/metrics: the API key as everywhere, unless metrics_auth=false (a scraper on a trusted network)."""
-    state: AppState = get_state(request)
+    state = app_state(request)
     if state.settings.metrics_auth:
-        require_api_key(request, state)
+        check_api_key(request, state)
 
 
 def served_models(state: AppState) -> list[tuple[str, str, str, str]]:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from benchmarks import pytriton_peer
-from benchmarks.grpc_vs_http_report import chart, markdown, ratios, summarize
+from benchmarks.grpc_vs_http_report import chart, markdown, paired, ratios, summarize
 
 
 def cell(payload: str, server: str, input_: str, protocol: str, p50: float, rps: float, round_: int = 0) -> dict:
@@ -55,6 +55,67 @@ def test_ratios_and_targets_per_payload() -> None:
     assert got["c"]["target_grpc_below_http"] is False  # raw bytes: gRPC 3 ms against HTTP's 2
 
 
+def test_cpu_per_request_is_the_median_over_rounds_and_compared_with_triton() -> None:
+    cells = full("a", 10.0, 20.0, 10.0)
+    for c, cpu in zip(cells, (4.0, 6.0, 9.0, 12.0, 5.0, 5.0), strict=True):
+        c["cpu_ms_per_request"] = cpu
+    extra = dict(cells[1], round=1, cpu_ms_per_request=8.0)  # LARA gRPC, a second round
+    rows = summarize([*cells, extra, dict(extra, round=2, cpu_ms_per_request=7.0)])
+    lara_grpc = next(r for r in rows if (r["server"], r["input"], r["protocol"]) == ("lara", "tensors", "grpc"))
+    assert lara_grpc["cpu_ms_per_request"] == 7.0  # median of 6, 8, 7
+    assert ratios(rows)["a"]["lara_over_triton_grpc_cpu"] == pytest.approx(7.0 / 12.0)
+    assert "| 25.0 | 12.0 |" in markdown(rows)
+    assert ratios(summarize(full("a", 10.0, 20.0, 10.0)))["a"]["lara_over_triton_grpc_cpu"] is None  # old files
+
+
+def test_paired_ratios_are_per_round_then_the_median() -> None:
+    cells = full("a", 10.0, 20.0, 20.0) + [dict(c, round=1) for c in full("a", 30.0, 20.0, 10.0)]
+    cells += [dict(c, round=2) for c in full("a", 9.0, 20.0, 10.0)]
+    got = paired(cells)["a"]["lara_over_triton_grpc_p50_per_round"]
+    assert got["rounds"] == [0.5, 3.0, 0.9] and got["median"] == 0.9
+    assert paired([c for c in cells if c["server"] == "lara"]) == {}  # no Triton: nothing to pair
+
+
+def test_session_cpu_counts_this_process_group_only() -> None:
+    """The CPU accounting the cells use: a session's processes, growing with work done; unknown session 0."""
+    import os
+    import time
+
+    from benchmarks.grpc_vs_http import session_cpu_ms
+
+    mine = os.getsid(0)
+    before = session_cpu_ms(mine)
+    assert before is not None and before >= 0
+    end = time.process_time() + 0.05
+    while time.process_time() < end:  # 50 ms of CPU in this session
+        pass
+    after = session_cpu_ms(mine)
+    assert after is not None and after - before >= 30  # clock ticks are 10 ms
+    assert session_cpu_ms(2**22 + 12345) == 0  # beyond pid_max: no process
+
+
+def test_the_benchmarked_server_leads_its_own_session(tmp_path: Path) -> None:
+    """The old set-up put LARA Serve in the driver's session (one autogroup CPU share with whatever ran
+    there) and Triton in its own: 5.6x apart under the same load (docs/protocols.md). Both now lead their own,
+    and the CPU accounting finds the server by it."""
+    import os
+
+    from benchmarks.grpc_vs_http import _child_session, session_cpu_ms
+    from server.synthetic import make_image_model
+    from server.testing import free_port, server_process
+
+    make_image_model(tmp_path, "img")
+    env = {"LARA_MODEL_REPOSITORY": str(tmp_path), "LARA_NUM_THREADS": "1", "LARA_WARMUP": "false"}
+    grpc_port = free_port()
+    with server_process(["--log-level", "warning", "--grpc-port", str(grpc_port)], env=env, new_session=True):
+        session = _child_session(str(grpc_port))
+        assert session > 0 and os.getsid(session) == session != os.getsid(0)
+        cpu = session_cpu_ms(session)
+        assert cpu is not None and cpu > 0  # it imported and loaded a model: not an empty session
+    with server_process(["--log-level", "warning", "--grpc-port", str(grpc_port)], env=env):
+        assert _child_session(str(grpc_port)) == 0  # the default: the caller's session, as tests want
+
+
 def test_ratios_without_triton_say_nothing_about_triton() -> None:
     rows = summarize([c for c in full("a", 10.0, 20.0, 10.0) if c["server"] == "lara"])
     got = ratios(rows)["a"]
@@ -66,7 +127,7 @@ def test_markdown_and_chart(tmp_path: Path) -> None:
     rows = summarize(full("text_1k", 10.0, 20.0, 10.4), {"text_1k": 1.0})
     table = markdown(rows)
     assert table.count("\n") == len(rows) + 1
-    assert "| text_1k | Triton (pytriton), tensors | grpc | 10.4 | 10.4-10.4 | 20.8 | 9.4 | 25.0 |" in table
+    assert "| text_1k | Triton (pytriton), tensors | grpc | 10.4 | 10.4-10.4 | 20.8 | 9.4 | 25.0 | n/a |" in table
     chart(rows, tmp_path / "c.png", "title")
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
 

@@ -9,6 +9,7 @@ import pytest
 from server_helpers import IMAGE, TEXT
 
 from server.backends import BackendUnavailable, create_backend
+from server.backends.onnx_runtime import SPIN_KEYS
 from server.backends.pytorch import TorchBackend
 from server.models import load_models
 from server.preprocess import collate, text_item
@@ -25,6 +26,22 @@ def test_onnxruntime_runs_text_and_image(repo: Path) -> None:
             inputs = collate([text_item(b"hi", config.preprocessing, False)] * 3, config)  # type: ignore[arg-type]
         logits = backend.run(inputs)
         assert logits.shape == (3, len(config.labels)) and logits.dtype == np.float32
+
+
+@pytest.mark.parametrize("spinning", [False, True])
+def test_ort_spinning_setting_reaches_every_session(repo: Path, spinning: bool) -> None:
+    """Spinning intra-op threads doubled a request's CPU time (docs/protocols.md): off unless asked for, and
+    the setting must reach the session that serves, not only the options object."""
+    models = load_models(Settings(model_repository=repo, warmup=False, ort_spinning=spinning))
+    try:
+        assert len(models) == 2
+        for model in models.values():
+            options = model.backend.session.get_session_options()  # type: ignore[attr-defined]
+            for key in SPIN_KEYS:
+                assert options.get_session_config_entry(key) == ("1" if spinning else "0"), (model.name, key)
+    finally:
+        for model in models.values():
+            model.backend.close()
 
 
 def test_torch_backend_matches_onnxruntime(repo: Path) -> None:

@@ -64,6 +64,13 @@ def test_ort_attention_parses_and_refuses(monkeypatch: pytest.MonkeyPatch, repo:
         Settings(model_repository=repo, ort_attention="openmp")  # type: ignore[arg-type]
 
 
+def test_ort_spinning_is_off_unless_asked(monkeypatch: pytest.MonkeyPatch, repo: Path) -> None:
+    assert Settings(model_repository=repo).ort_spinning is False
+    monkeypatch.setenv("LARA_ORT_SPINNING", "true")
+    assert Settings(model_repository=repo).ort_spinning is True
+    assert parse_settings(["--model-repository", str(repo), "--no-ort-spinning"]).ort_spinning is False
+
+
 def test_help_lists_every_setting(capsys: pytest.CaptureFixture[str]) -> None:
     """`lara-serve --help` prints (a "%" in a description once made argparse raise) and names each env var."""
     from server.__main__ import main
