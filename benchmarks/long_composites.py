@@ -25,7 +25,7 @@ import torch
 from benchmarks.common import environment, markdown_table, write_json
 from model_export.evaluate import resolve_model_dir
 from model_export.hub import load_pretrained
-from model_export.long_docs import make_composites, to_ids
+from model_export.long_docs import COMPOSITE_SEED, make_composites, to_ids
 from model_export.tasks import text_docs
 
 
@@ -43,9 +43,9 @@ def _peak_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
-def measure(model: torch.nn.Module, length: int, per_class: int) -> dict[str, Any]:
+def measure(model: torch.nn.Module, length: int, per_class: int, seed: int = COMPOSITE_SEED) -> dict[str, Any]:
     texts, labels = text_docs("news", "test")
-    docs = make_composites(texts, labels, length, per_class)
+    docs = make_composites(texts, labels, length, per_class, seed=seed)
     before = _peak_mib()
     right, seconds = [], []
     for raw, label in docs:
@@ -59,6 +59,7 @@ def measure(model: torch.nn.Module, length: int, per_class: int) -> dict[str, An
     lo, hi = wilson(sum(right), len(right))
     return {
         "bytes": length,
+        "seed": seed,
         "n": len(right),
         "correct": sum(right),
         "accuracy": sum(right) / len(right),
@@ -76,6 +77,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--lengths", default="262144,1048576")
     p.add_argument("--per-class", default="2,1", help="composites per label at each length (comma-separated)")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--seed", type=int, default=COMPOSITE_SEED, help="composite seed (another seed: other documents)")
+    p.add_argument("--out-json", default="long_composites.json")
     args = p.parse_args(argv)
     lengths = [int(x) for x in args.lengths.split(",")]
     per_class = [int(x) for x in args.per_class.split(",")]
@@ -83,9 +86,9 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"--per-class needs one count per length ({len(lengths)}), got {args.per_class!r}")
     torch.set_num_threads(args.threads)
     model = load_pretrained(resolve_model_dir(args.model), serving=True).eval()
-    rows = [measure(model, n, k) for n, k in sorted(zip(lengths, per_class, strict=True))]
+    rows = [measure(model, n, k, args.seed) for n, k in sorted(zip(lengths, per_class, strict=True))]
     path = write_json(
-        "long_composites.json",
+        args.out_json,
         {"environment": environment(), "model": args.model, "threads": args.threads, "rows": rows,
          "note": "same-label composites of the BBC test split, each run alone through PyTorch (sliced forward "
                  "above 64K tokens); peak RSS is this process's high-water mark above its state before the length"},

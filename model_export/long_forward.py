@@ -2,7 +2,7 @@
 
 Why: the plain forward holds every layer's full-length activations at once. At 128 channels a full-length
 fp32 tensor is 512 bytes per token, and the plain eager forward peaks near 4 KB per input byte (onnxruntime
-near 7 KB: docs/long-documents.md), so a 1 MiB document would need 4-8 GB. Here only what LARA needs
+7.4: docs/models.md, "Up to 1 MiB"), so a 1 MiB document would need 4-8 GB. Here only what LARA needs
 whole is ever full length:
 
 - the residual stream x [n, D], updated in place, slice by slice (512 B/token);
