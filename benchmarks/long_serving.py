@@ -5,8 +5,10 @@
 
 Documents are same-label composites of BBC test articles cut to each length (model_export.long_docs). For
 each length: a request holding 1 document (median of --repeats), and a request holding 8 different
-documents (median of --repeats, also per document). Lengths above 64 KB use --long-repeats (each 1 MiB
-document runs alone in its batch, so 8 of them take 8 runs); lengths above the model's max_length are
+documents (median of --repeats, also per document). Lengths above 64 KB use --long-repeats and
+--long-docs documents in the multi-document request (each 1 MiB document runs alone in its batch, so 8 of
+them take 8 runs); `--backend torch` serves the model through PyTorch, whose forward takes documents above
+64K tokens in slices of rows (model_export.long_forward); lengths above the model's max_length are
 listed as skipped. The server's resident memory is sampled from /proc every 10 ms; the table gives its
 peak above the idle (warmed-up) server at each length, and the largest X-Batch-Size of the 8-document
 requests (1 where a document is longer than max_batch_tokens: it ran alone).
@@ -105,7 +107,7 @@ LONG = 65536  # lengths above this use long_repeats
 
 
 def measure(
-    url: str, pid: int, model: str, lengths: list[int], repeats: int, long_repeats: int = 2
+    url: str, pid: int, model: str, lengths: list[int], repeats: int, long_repeats: int = 2, long_docs: int = 8
 ) -> list[dict[str, Any]]:
     texts, labels = text_docs("news", "test")
     rows: list[dict[str, Any]] = []
@@ -120,18 +122,20 @@ def measure(
                 continue
             docs = [raw.decode("utf-8", "ignore") for raw, _ in make_composites(texts, labels, n, per_class=2)][:8]
             times = long_repeats if n > LONG else repeats
+            many = docs[:long_docs] if n > LONG else docs  # each runs alone above the batch budget: k runs
             with peak_rss(pid) as mem:
                 one = [_post_batch(client, model, [docs[i % len(docs)]]) for i in range(times)]
-                eight = [_post_batch(client, model, docs) for _ in range(times)]
+                eight = [_post_batch(client, model, many) for _ in range(times)] if many else []
             rows.append(
                 {
                     "bytes": n,
                     "repeats": times,
                     "batch1_ms": statistics.median(t for t, _, _ in one),
                     "batch1_server_inference_ms": statistics.median(s for _, s, _ in one) if one[0][1] else None,
-                    "batch8_ms": statistics.median(t for t, _, _ in eight),
-                    "batch8_per_doc_ms": statistics.median(t for t, _, _ in eight) / 8,
-                    "batch8_largest_batch": max(b for _, _, b in eight),
+                    "batch8_docs": len(many),
+                    "batch8_ms": statistics.median(t for t, _, _ in eight) if eight else None,
+                    "batch8_per_doc_ms": statistics.median(t for t, _, _ in eight) / len(many) if eight else None,
+                    "batch8_largest_batch": max(b for _, _, b in eight) if eight else None,
                     "batch1_ms_per_kib": statistics.median(t for t, _, _ in one) / (n / 1024),
                     "peak_rss_above_idle_mib": (mem["peak_kib"] - idle) / 1024,
                 }
@@ -199,6 +203,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--long-repeats", type=int, default=2, help="repeats for lengths above 64 KB")
     p.add_argument(
+        "--long-docs", type=int, default=8, help="documents in the multi-document request above 64 KB (0: none)"
+    )
+    p.add_argument(
+        "--backend", choices=("onnxruntime", "torch"), default="onnxruntime", help="LARA_BACKEND of the server"
+    )
+    p.add_argument("--out-json", default="", help="result file name (default long_serving[_synthetic].json)")
+    p.add_argument(
         "--synthetic",
         action="store_true",
         help="serve a synthetic text model of max_length 1 MiB (server.synthetic) instead of --model",
@@ -235,29 +246,32 @@ def main(argv: list[str] | None = None) -> None:
             repo = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="long-serving-")))
             model = "synthetic-1mib"
             make_text_model(repo, model, max_length=1 << 20, hidden=64)
-        env = {"LARA_MODEL_REPOSITORY": str(repo), "LARA_NUM_THREADS": str(args.threads),
+        env = {"LARA_MODEL_REPOSITORY": str(repo), "LARA_NUM_THREADS": str(args.threads), "LARA_BACKEND": args.backend,
                "LARA_MAX_QUEUE_DELAY_MS": "2", "LARA_REQUEST_TIMEOUT_S": "600"}  # fmt: skip
         url = stack.enter_context(server_process(["--log-level", "warning"], env=env, timeout_s=180))
         pid = _server_pid(int(url.rsplit(":", 1)[1]))
-        rows = measure(url, pid, model, lengths, args.repeats, args.long_repeats)
+        rows = measure(url, pid, model, lengths, args.repeats, args.long_repeats, args.long_docs)
     by_len = {r["bytes"]: r for r in rows if "skipped" not in r}
     ratios = {}
     for long in (65536, 262144, 1048576):
         if 4096 in by_len and long in by_len:
             ratios[f"batch1_{long // 1024}k_over_4k"] = by_len[long]["batch1_ms"] / by_len[4096]["batch1_ms"]
-            ratios[f"batch8_{long // 1024}k_over_4k"] = by_len[long]["batch8_ms"] / by_len[4096]["batch8_ms"]
+            if by_len[long]["batch8_ms"] and by_len[4096]["batch8_ms"]:
+                ratios[f"batch8_{long // 1024}k_over_4k"] = by_len[long]["batch8_ms"] / by_len[4096]["batch8_ms"]
     path = write_json(
-        "long_serving_synthetic.json" if args.synthetic else "long_serving.json",
-        {"environment": environment(), "model": model, "server_threads": args.threads, "rows": rows,
+        args.out_json or ("long_serving_synthetic.json" if args.synthetic else "long_serving.json"),
+        {"environment": environment(), "model": model, "server_threads": args.threads, "backend": args.backend,
+         "rows": rows,
          "ratios": ratios, "note": "client-side wall time on loopback; one server, default batching settings"
          + ("; a synthetic model (embedding + per-token MLP + mean): the serving path, not LARA" if args.synthetic
             else "")},
     )  # fmt: skip
-    headers = ["bytes", "1 doc (ms)", "8 docs (ms)", "8 docs, per doc (ms)", "largest batch of 8",
+    headers = ["bytes", "1 doc (ms)", "k docs", "k docs (ms)", "k docs, per doc (ms)", "largest batch of k",
                "peak RSS above idle (MiB)"]  # fmt: skip
     table = [
-        [r["bytes"], r["batch1_ms"], r["batch8_ms"], r["batch8_per_doc_ms"], r["batch8_largest_batch"],
-         r["peak_rss_above_idle_mib"]] if "skipped" not in r else [r["bytes"], r["skipped"], "", "", "", ""]
+        [r["bytes"], r["batch1_ms"], r["batch8_docs"], r["batch8_ms"], r["batch8_per_doc_ms"],
+         r["batch8_largest_batch"], r["peak_rss_above_idle_mib"]]
+        if "skipped" not in r else [r["bytes"], r["skipped"], "", "", "", "", ""]
         for r in rows
     ]  # fmt: skip
     print(markdown_table(headers, table))

@@ -307,6 +307,10 @@ class TextEncoder(nn.Module):
         ids = input_ids * valid.long()  # pad positions read id 0 whatever they hold
         if self.cfg.case_fold:
             ids = fold_case(ids)
+        from model_export import long_forward  # here: long_forward imports this module
+
+        if not tracing() and long_forward.applies(self, input_ids):
+            return long_forward.features(self, ids, valid)  # documents above 64K tokens, in slices of rows
         x = self.embed(ids)  # [B, N, D]
         if self.ngrams is not None:
             x = x + self.ngrams(ids)
@@ -337,7 +341,9 @@ class TextEncoder(nn.Module):
         # Eager on CPU: one document at a time (see forward_head), pooling exactly the document's own rows.
         rows = []
         for i in range(x.shape[0]):
-            own = x[i][valid[i]]  # [n_i, D], contiguous, as when the document is alone and unpadded
+            # [n_i, D], contiguous, as when the document is alone and unpadded (a view when nothing is padding:
+            # a 1 MiB document's copy would be 512 MiB)
+            own = x[i] if bool(valid[i].all()) else x[i][valid[i]]
             if self.pool is not None:
                 rows.append(self.pool(own[None], torch.ones(1, own.shape[0], dtype=torch.bool, device=own.device)))
             else:
