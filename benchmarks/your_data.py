@@ -113,12 +113,12 @@ def markdown(rows: list[dict[str, Any]], budget: float) -> str:
         "same test split (95% Wilson intervals; the difference paired, 95% bootstrap).",
         "",
         "| set | examples (test) | LARA accuracy | baseline accuracy | LARA - baseline | macro-F1 LARA / baseline "
-        "| ECE | epochs |",
-        "|---|---|---|---|---|---|---|---|",
+        "| ECE | epochs | baseline |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['set']} | {r['error']} | | | | | | |")
+            lines.append(f"| {r['set']} | {r['error']} | | | | | | | |")
             continue
         d = r["lara_minus_baseline"]
         lines.append(
@@ -127,7 +127,7 @@ def markdown(rows: list[dict[str, Any]], budget: float) -> str:
             f"{100 * r['baseline_accuracy']:.1f}% ({100 * r['baseline_interval'][0]:.1f}-"
             f"{100 * r['baseline_interval'][1]:.1f}) | {100 * d['diff']:+.1f} ({100 * d['lo']:+.1f} to "
             f"{100 * d['hi']:+.1f}) | {r['lara_macro_f1']:.3f} / {r['baseline_macro_f1']:.3f} | "
-            f"{100 * r['lara_ece']:.1f}% | {r['epochs']} |"
+            f"{100 * r['lara_ece']:.1f}% | {r['epochs']} | {r['baseline']} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -56,3 +56,4 @@ def test_summary_and_table_of_a_finished_run(tmp_path: Path) -> None:
     table = yd.markdown([worse, level, {"set": "broken", "error": "exit 2"}], 15)
     assert "| worse | 43 (10) | 80.0% (49.0-94.3) | 100.0% (72.2-100.0) | -20.0" in table
     assert "| broken | exit 2 |" in table and "15-minute" in table
+    assert table.splitlines()[4].endswith("| 4 | tfidf |")  # the baseline named on its row
