@@ -32,10 +32,9 @@ def serving_head(model: torch.nn.Module, prep: Any) -> tuple[ServingModel, dict[
     temperature, note = holdout_temperature(val[0], val[2])
     train, test = prep.outputs(model, "train"), prep.outputs(model, "test")
     heads = ", documents whole and first 512 / 2,048 bytes" if prep.data.task == "text" else ""
-    fit_inputs = getattr(prep, "input_scores", None)  # None: the feature score alone
     input_score, scores = None, None
-    if fit_inputs is not None:
-        input_score, s_val, s_test = fit_inputs()
+    if prep.input_scores is not None:  # None: the feature score alone
+        input_score, s_val, s_test = prep.input_scores()
         scores = (s_val, s_test)
     ood, calibration, ood_section = serving_sections(val, train, test, temperature, heads, note, scores)
     z_test = test[0]

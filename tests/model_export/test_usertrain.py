@@ -299,7 +299,8 @@ def test_an_error_free_holdout_does_not_sharpen_the_temperature() -> None:
     wrong[:8] = wrong[:8].flip(1)  # 8 of 40 wrong, with the same confidence: the fit softens (T > 1)
 
     def prep_with(z: torch.Tensor) -> SimpleNamespace:
-        return SimpleNamespace(outputs=lambda m, part: (z, feats, labels), data=SimpleNamespace(task="image"))
+        return SimpleNamespace(outputs=lambda m, part: (z, feats, labels), data=SimpleNamespace(task="image"),
+                               input_scores=None)  # fmt: skip
 
     model = build_model(get_config("tiny-vit", num_classes=2), seed=0)
     _, cal, ood, _ = serving_head(model, prep_with(right))
