@@ -5,9 +5,9 @@ python -m model_export.finalize model_repository/lara-text-news
 - temperature: fitted on the holdout split's logits (model_export.calibration.fit_temperature);
 - ood score: class means and shared covariance of the pooled features of training items (text: whole
   documents and their first 512 / 2,048 bytes, since heads of documents are what a head-truncating client
-  sends), combined with an input-space score fitted on the training inputs (byte bigrams for text, a Gaussian
-  per pixel for images; model_export.ood_input) as the larger of the two, each divided by its 95% holdout
-  quantile; threshold where 95% of holdout items pass (model_export.ood);
+  sends), divided by its 95% holdout quantile, plus a penalty once an input-space score fitted on the
+  training inputs (byte bigrams for text, a Gaussian per pixel for images; model_export.ood_input) exceeds
+  its own 95% holdout quantile; threshold where 95% of holdout items pass (model_export.ood);
 - ECE (15 bins) before and after, on the holdout and the test split, and the test split's in-distribution
   rate, written into config.json's "calibration" and "ood" sections, plus a reliability diagram;
 - the weights file gains the serving head's tensors and 1/model.onnx is exported again with two outputs.
