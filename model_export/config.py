@@ -87,6 +87,9 @@ class TextConfig:
     # >0: a wide path beside the encoder (Wide & Deep): a linear head over hashed word 1-2-gram tf-idf
     # features in this many buckets, its logits added to the encoder's (model_export.text.TfidfHead).
     tfidf_buckets: int = 0
+    # True: the wide path's words also take every byte >= 0x80 (words of any script, as UTF-8); False: ASCII
+    # letters and digits only (the encoder's word definition).
+    tfidf_utf8: bool = False
     # True: ASCII letters are case-folded in the graph before anything reads them, so a document and its
     # upper-cased copy are the same input (a byte model never sees every casing of every word in training).
     case_fold: bool = False

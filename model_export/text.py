@@ -91,11 +91,15 @@ _WORD_MOD = 2_147_483_647
 WORD_MAX_BYTES = 16
 
 
-def word_chars(ids: Tensor) -> tuple[Tensor, Tensor]:
-    """ids (byte + 1, 0 = pad) [B, N] -> (is a word byte [B, N] bool, case-folded code [B, N] int64, 0 elsewhere)."""
+def word_chars(ids: Tensor, utf8: bool = False) -> tuple[Tensor, Tensor]:
+    """ids (byte + 1, 0 = pad) [B, N] -> (is a word byte [B, N] bool, case-folded code [B, N] int64, 0 elsewhere).
+    utf8=True also counts every byte >= 0x80 as a word byte, so words of non-Latin scripts (their UTF-8
+    sequences) are words too, not gaps; ASCII punctuation and spaces still separate them."""
     b = ids - 1
     upper = (b >= 65) & (b <= 90)
     is_word = upper | ((b >= 97) & (b <= 122)) | ((b >= 48) & (b <= 57))
+    if utf8:
+        is_word = is_word | (b >= 128)
     folded = (ids + upper.long() * 32) * is_word.long()  # 'A' -> 'a'; non-word bytes -> 0
     return is_word, folded
 
@@ -106,10 +110,11 @@ def fold_case(ids: Tensor) -> Tensor:
     return ids + upper.long() * 32
 
 
-def word_hashes(ids: Tensor) -> tuple[Tensor, Tensor]:
+def word_hashes(ids: Tensor, utf8: bool = False) -> tuple[Tensor, Tensor]:
     """ids [B, N] -> (h [B, N] int64 in [0, 2**31): the hash of the word ending at each position, end [B, N]
-    int64: 1 at a word's last byte, else 0). Pads (id 0) are not word bytes, so neither depends on padding."""
-    is_word, code = word_chars(ids)  # [B, N] each
+    int64: 1 at a word's last byte, else 0). Pads (id 0) are not word bytes, so neither depends on padding.
+    utf8: as in `word_chars`."""
+    is_word, code = word_chars(ids, utf8)  # [B, N] each
     n, w = ids.shape[1], WORD_MAX_BYTES
     code_p = nn.functional.pad(code, (w - 1, 0))  # [B, N + w - 1]
     word_p = nn.functional.pad(is_word.long(), (w - 1, 0))
@@ -151,6 +156,11 @@ _BIGRAM_SALT = 7_919
 TFIDF_GAIN = 10.0
 
 
+def smoothed_idf(df: Tensor, n: int, min_df: int = 2) -> Tensor:
+    """ln((1 + n) / (1 + df)) + 1 for grams in at least min_df of the n documents, else 0 (dropped)."""
+    return torch.where(df >= min_df, torch.log((1.0 + n) / (1.0 + df)) + 1.0, 0.0)
+
+
 class TfidfHead(nn.Module):
     """The wide path (Wide & Deep) beside the encoder: a linear classifier over the document's hashed word
     1-2-gram tf-idf vector (sublinear tf 1 + ln count, idf from the training documents, L2 norm), computed
@@ -171,17 +181,17 @@ class TfidfHead(nn.Module):
     of the classification and the sum's 1 KB gap did not shrink (CV 1.64 points); no shipped model uses it.
     """
 
-    def __init__(self, buckets: int, num_classes: int) -> None:
+    def __init__(self, buckets: int, num_classes: int, utf8: bool = False) -> None:
         super().__init__()
         if buckets < 2:
             raise ValueError(f"tfidf_buckets must be 0 (no wide path) or at least 2, got {buckets}")
-        self.buckets = buckets
+        self.buckets, self.utf8 = buckets, utf8
         self.weight = nn.Parameter(torch.zeros(buckets, num_classes))  # zero: the wide path starts silent
         self.register_buffer("idf", torch.zeros(buckets))
 
     def grams(self, ids: Tensor) -> tuple[Tensor, Tensor]:
         """ids [B, N] -> (bucket [B, 2N] int64, real [B, 2N] bool): unigrams in word order, then bigrams."""
-        h, end = word_hashes(ids)  # [B, N] each
+        h, end = word_hashes(ids, self.utf8)  # [B, N] each
         b, n = ids.shape
         order = torch.where(end > 0, end.cumsum(1) - 1, n)  # the k-th word's end -> slot k; others -> slot n
         words = torch.zeros(b, n + 1, dtype=h.dtype, device=h.device).scatter_add(1, order, h * end)[:, :n]
@@ -193,17 +203,15 @@ class TfidfHead(nn.Module):
         return bucket, torch.cat([uni, uni & (k >= 1)], 1)
 
     @torch.no_grad()
-    def fit_idf(self, docs: Iterable[Tensor]) -> None:
-        """Smoothed idf from training documents (1-D id tensors, byte + 1): ln((1 + n) / (1 + df)) + 1 where
-        df >= 2, else 0."""
+    def fit_idf(self, docs: Iterable[Tensor], min_df: int = 2) -> None:
+        """Smoothed idf from training documents (1-D id tensors, byte + 1): `smoothed_idf`."""
         df = torch.zeros(self.buckets, dtype=torch.float64)
         n = 0
         for ids in docs:
             bucket, real = self.grams(ids.reshape(1, -1).to(self.idf.device))
             df[torch.unique(bucket[real])] += 1
             n += 1
-        idf = torch.log((1.0 + n) / (1.0 + df)) + 1.0
-        self.idf.copy_(torch.where(df >= 2, idf, 0.0).to(self.idf.dtype))
+        self.idf.copy_(smoothed_idf(df, n, min_df).to(self.idf.dtype))
 
     def forward(self, ids: Tensor) -> Tensor:
         bucket, real = self.grams(ids)  # [B, M] each
@@ -287,7 +295,7 @@ class TextEncoder(nn.Module):
         self.head = nn.Linear(cfg.dim, cfg.num_classes)
         init_weights(self)
         # After init_weights, which would redraw the wide weights (they start at zero).
-        self.tfidf = TfidfHead(cfg.tfidf_buckets, cfg.num_classes) if cfg.tfidf_buckets else None
+        self.tfidf = TfidfHead(cfg.tfidf_buckets, cfg.num_classes, cfg.tfidf_utf8) if cfg.tfidf_buckets else None
         nn.init.normal_(self.embed.weight, std=0.02)
         for table in (self.ngrams, self.words):
             if table is not None:
