@@ -150,6 +150,10 @@ def _save(plt: Any, fig: Any, path: Path) -> str:
 # -- report.md -----------------------------------------------------------------------------------------
 
 
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.4f}"
+
+
 def write_report(out: Path, report: dict[str, Any], names: Sequence[str]) -> None:
     """report.json (everything) and report.md (a person's view, with the charts)."""
     charts = write_charts(out, report, names)
@@ -169,6 +173,15 @@ def write_report(out: Path, report: dict[str, Any], names: Sequence[str]) -> Non
         lines.append(
             f"| baseline: {base['name']} | {base['accuracy']:.4f} | {base['macro_f1']:.4f} | {base['ece']:.4f} |"
         )
+    parts = report.get("parts")
+    if parts:
+        blend, enc, wide = parts["blend"], parts["encoder"], parts["wide"]
+        lines += [
+            "",
+            f"LARA's logits are {blend['encoder']:g} x the encoder's + {blend['wide']:g} x the wide path's (hashed "
+            f"word 1-2-gram tf-idf, logistic regression), weights chosen on the holdout. Each part alone on the "
+            f"test set: encoder {_pct(enc['test_accuracy'])}, wide path {_pct(wide['test_accuracy'])}.",
+        ]
     lines += [
         "",
         f"Calibration: temperature {cal['temperature']:.3f} fitted on the holdout, part of the served graph; "

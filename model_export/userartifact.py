@@ -85,6 +85,8 @@ def finish(args: argparse.Namespace, prep: Any, state: FitState, stage: Path) ->
         "steps": state.step,
         "history": state.history,
     }
+    if prep.parts is not None:
+        metrics["parts"] = prep.parts
     conf = make_config_dict(
         args.out.name,
         prep.cfg,
@@ -130,6 +132,7 @@ def finish(args: argparse.Namespace, prep: Any, state: FitState, stage: Path) ->
         "calibration": calibration_report,
         "ood": ood_section,
         "accuracy_by_length": by_length,
+        "parts": prep.parts,
         # per test example, in split.json's test order: true and predicted label indices (paired comparisons)
         "predictions": {
             "true": prep.test_y.tolist(),

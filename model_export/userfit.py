@@ -64,6 +64,8 @@ class FitSettings:
     # "wall": seconds on the clock on the wall; "cpu": this process's CPU seconds (all its threads), so a
     # budget buys the same training on a machine that other jobs share.
     clock: Literal["wall", "cpu"] = "wall"
+    # Seconds of the budget spent before the encoder trains (text: the wide path's fit, model_export.userwide).
+    spent_s: float = 0.0
 
 
 def clock_fn(clock: str) -> Callable[[], float]:
@@ -216,19 +218,21 @@ def fit(
         # Epochs done (the current one by its share of the estimated steps: a length-mix epoch's step count
         # varies a little) or the share of the time budget spent, whichever is further.
         by_epochs = (state.epoch + min(1.0, state.step_in_epoch / steps_epoch)) / max_epochs if s.epochs else 0.0
-        return max(by_epochs, elapsed / s.time_budget_s if s.time_budget_s else 0.0)
+        return max(by_epochs, (s.spent_s + elapsed) / s.time_budget_s if s.time_budget_s else 0.0)
 
     def out_of_time(elapsed: float) -> bool:
-        return s.time_budget_s is not None and elapsed >= s.time_budget_s
+        return s.time_budget_s is not None and s.spent_s + elapsed >= s.time_budget_s
 
     budgeted = s.time_budget_s is not None and s.epochs is None
     rep = Reporter(progress if group.main else "quiet", s.time_budget_s if budgeted else total,
                    "s" if budgeted else "step")  # fmt: skip
-    rep.step(state.train_time_s if budgeted else state.step, 0.0, 0.0)
+    rep.step(s.spent_s + state.train_time_s if budgeted else state.step, 0.0, 0.0)
     try:
         with _StopFlag() as stop:
             for epoch in range(state.epoch, max_epochs):
-                if out_of_time(state.train_time_s):
+                # A fresh run always starts epoch 0, even when the time spent before the encoder (spent_s)
+                # already fills the budget: its first steps project the epoch and say the budget is too small.
+                if out_of_time(state.train_time_s) and (epoch > 0 or state.step_in_epoch > 0):
                     break
                 _run_epoch(model, task, opt, loss_fn, s, state, epoch, noise, stop, rep, progress_at, out_of_time,
                            steps_epoch, ckpt, meta, group)  # fmt: skip
@@ -290,7 +294,7 @@ def _run_epoch(model, task, opt, loss_fn, s, state, epoch, noise, stop, rep, pro
         state.seen += seen
         state.correct += correct
         state.loss_sum += loss_sum
-        rep.step(now if s.epochs is None and s.time_budget_s else state.step, state.loss_sum / state.seen,
+        rep.step(s.spent_s + now if s.epochs is None and s.time_budget_s else state.step, state.loss_sum / state.seen,
                  state.correct / state.seen)  # fmt: skip
         state.train_time_s = now
         if epoch == 0 and state.step_in_epoch == 1:
@@ -308,10 +312,12 @@ def _run_epoch(model, task, opt, loss_fn, s, state, epoch, noise, stop, rep, pro
 
 
 def _check_budget(s: FitSettings, epoch_s: float) -> None:
-    if s.time_budget_s is not None and epoch_s > s.time_budget_s:
-        minimum = math.ceil(epoch_s * 1.2 / 6.0) / 10.0  # minutes, one decimal, 20% above the projection
+    if s.time_budget_s is not None and s.spent_s + epoch_s > s.time_budget_s:
+        # minutes, one decimal, 20% above the projection
+        minimum = math.ceil((s.spent_s + epoch_s) * 1.2 / 6.0) / 10.0
+        before = f", after {s.spent_s:.0f} s fitting the wide path" if s.spent_s else ""
         raise BudgetTooSmall(
             f"--time-budget {s.time_budget_s / 60:g} min is too small to finish one epoch here "
-            f"(one epoch takes about {epoch_s / 60:.2f} min); use --time-budget {minimum:g} or more",
+            f"(one epoch takes about {epoch_s / 60:.2f} min{before}); use --time-budget {minimum:g} or more",
             minimum,
         )

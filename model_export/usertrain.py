@@ -5,7 +5,9 @@
 
 Steps: read and check the data (model_export.userdata), split it, build the model (text: the shipped
 text encoder's weights with a new head; images: the shipped ViT architecture), train (model_export.userfit),
-fit the serving head (calibration temperature, ood score; model_export.finalize), export ONNX with the fused LaraAttention node
+text: fit the wide path (hashed word 1-2-gram tf-idf logistic regression inside the graph, model_export.userwide)
+before the encoder trains and blend the two on the holdout; fit the serving head (calibration temperature,
+ood score; model_export.finalize), export ONNX with the fused LaraAttention node
 (model_export.export), score the test set and a plain baseline, write the report (model_export.report).
 
 Everything is built in a work folder beside DIR (.<name>.lara-train/) and moved into DIR only when all of
@@ -29,7 +31,7 @@ import torch
 from torch import nn
 
 from model_export import userdata as ud
-from model_export import userdist
+from model_export import userdist, userwide
 from model_export import userrecipe as recipe
 from model_export.config import TextConfig, config_from_dict
 from model_export.data import pad_batch
@@ -41,7 +43,7 @@ from model_export.tasks import ImageTask
 from model_export.train import DEFAULTS
 from model_export.userartifact import finish
 from model_export.userbaseline import IMAGE_BASELINE, TEXT_BASELINE, image_baseline, text_baseline
-from model_export.userfit import BudgetTooSmall, FitSettings, ResumeError, TrainingStopped, fit
+from model_export.userfit import BudgetTooSmall, FitSettings, ResumeError, TrainingStopped, clock_fn, fit
 
 SHIPPED = Path(__file__).resolve().parents[1] / "model_repository"
 DEFAULT_ARCH = {"text": "lara-text-news", "image": "lara-vit-fashion"}
@@ -76,6 +78,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-augment", action="store_true", help="no augmentation: text, no casing / whitespace / "
                    "markup / typo noise and no unrelated filler (model_export.augment); images, no crop / flip")  # fmt: skip
     p.add_argument("--no-case-fold", action="store_true", help="text: keep letter case (default: folded in the graph)")
+    p.add_argument("--no-wide", action="store_true", help="text: the encoder alone, without the wide path (hashed "
+                   "word 1-2-gram tf-idf + logistic regression, fitted first and blended on the holdout)")  # fmt: skip
     p.add_argument("--no-baseline", action="store_true", help="skip the plain baseline")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
@@ -124,6 +128,8 @@ def build(args: argparse.Namespace, task: str, labels: list[str], image: tuple[i
     if isinstance(cfg, TextConfig):
         cfg = dataclasses.replace(cfg, num_classes=len(labels), max_length=args.max_length or cfg.max_length)
         cfg = recipe.text_config(cfg, case_fold=not args.no_case_fold)
+        wide = 0 if args.no_wide else userwide.wide_buckets(len(labels))
+        cfg = dataclasses.replace(cfg, tfidf_buckets=wide, tfidf_utf8=bool(wide))
     else:
         size, chans, mean, std = image  # type: ignore[misc]
         cfg = dataclasses.replace(cfg, num_classes=len(labels), image_size=size, in_chans=chans, mean=mean, std=std)
@@ -186,6 +192,8 @@ class Prepared:
     outputs: Any  # (model, "train" | "holdout" | "test") -> (logits [N, C], pooled features [N, D], labels [N])
     test_texts: list[bytes]  # text: the test documents (accuracy vs length)
     input_scores: Any = None  # () -> (input-space ood score fitted on train, its holdout values, its test values)
+    wide: userwide.WideData | None = None  # text with the wide path: its documents (model_export.userwide)
+    parts: dict[str, Any] | None = None  # after training: the wide path's blend and each part alone
 
 
 def prepare(args: argparse.Namespace) -> Prepared:
@@ -233,6 +241,11 @@ def prepare(args: argparse.Namespace) -> Prepared:
         input_scores = lambda: text_input_scores(train_raws, parts["holdout"][0], parts["test"][0],  # noqa: E731
                                                  bool(cfg.case_fold))  # fmt: skip
 
+        wide = None
+        if cfg.tfidf_buckets:
+            wide = userwide.WideData(train_raws, y_all[split.train].tolist(), parts["holdout"][0], hold_y.tolist(),
+                                     parts["test"][0], test_y.tolist())  # fmt: skip
+
         def baseline(secs: float) -> tuple[np.ndarray, str, float]:
             del secs  # a linear model fits in seconds: no time to match
             probs, fit_s = text_baseline(train_texts, train_y, test_raws)
@@ -259,6 +272,7 @@ def prepare(args: argparse.Namespace) -> Prepared:
             return task_outputs(m.eval(), parts[part])
 
         input_scores = lambda: image_input_scores(parts["train"], hold_task, test_task)  # noqa: E731
+        wide = None
 
         def baseline(secs: float) -> tuple[np.ndarray, str, float]:
             probs, fit_s = image_baseline(train_task, test_task, len(names), secs, args.seed, args.clock)
@@ -285,6 +299,7 @@ def prepare(args: argparse.Namespace) -> Prepared:
         outputs,
         test_raws,
         input_scores,
+        wide,
     )
 
 
@@ -299,6 +314,17 @@ def _fit_settings(args: argparse.Namespace, hp: dict[str, Any]) -> FitSettings:
         seed=args.seed,
         clock=args.clock,
     )
+
+
+def _fit_wide(prep: Prepared, settings: FitSettings) -> tuple[Any, FitSettings]:
+    """Fit the wide path (taken out of the model while the encoder trains); its time, on the run's clock,
+    comes out of the time budget. Returns ((head, fit), the encoder's settings)."""
+    timer = clock_fn(settings.clock)
+    t0 = timer()
+    head, wide_fit = userwide.detach_and_fit(prep.model, prep.wide)  # type: ignore[arg-type]
+    spent = timer() - t0
+    prep.hp["wide_fit_s"] = round(spent, 2)
+    return (head, wide_fit), dataclasses.replace(settings, spent_s=spent)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -324,6 +350,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     if group.main:
         work.mkdir(parents=True, exist_ok=True)
+    wide = None
+    if prep.wide is not None:
+        wide, settings = _fit_wide(prep, settings)
     try:
         state = fit(prep.model, prep.train_task,
                     lambda m: float((prep.holdout_logits(m).argmax(1) == prep.holdout_y).mean()),
@@ -338,6 +367,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         userdist.teardown(group)
     if not group.main:
         return {}  # process 0 writes the model folder
+    if wide is not None:
+        deep = lambda m, docs: _text_logits(m, docs, prep.cfg.max_length)  # noqa: E731
+        prep.parts = userwide.attach(prep.model, *wide, prep.wide, deep)
     stage = work / "stage"
     shutil.rmtree(stage, ignore_errors=True)
     metrics = finish(args, prep, state, stage)

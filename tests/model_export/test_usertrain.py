@@ -64,6 +64,12 @@ def test_text_model_folder_is_complete(work: Path) -> None:
     training = conf["training"]
     assert training["augment"] is True and training["text_augment"]["filler_prob"] == 0.5
     assert training["text_augment"]["max_total"] == 1024 and training["init"] == "none"
+    # The wide path (model_export.userwide): in the graph, fitted, blended; each part scored alone.
+    assert conf["model"]["tfidf_buckets"] >= 2**16 and conf["model"]["tfidf_utf8"] is True
+    parts = conf["metrics"]["parts"]
+    assert parts["blend"]["encoder"] + parts["blend"]["wide"] > 0 and training["wide_fit_s"] >= 0
+    assert 0.0 <= parts["encoder"]["test_accuracy"] <= 1.0 and 0.0 <= parts["wide"]["test_accuracy"] <= 1.0
+    assert "wide path" in (out / "report.md").read_text()
     split = json.loads((out / "split.json").read_text())
     assert len(split["ids"]["test"]) == 9 and split["ids"]["test"][0].startswith("line ")
     report = json.loads((out / "report.json").read_text())

@@ -17,6 +17,7 @@ from user_samples import TINY_TEXT, VOCAB, text_inputs, torch_probs, write_text_
 from clients.__main__ import main as lara
 from clients.client import LaraClient
 from model_export import userdata as ud
+from model_export import userwide
 from model_export.long_docs import SEPARATOR
 from model_export.usertrain import SHIPPED, Prepared, add_arguments, prepare
 from server.testing import server_process
@@ -54,10 +55,23 @@ def test_text_recipe_augments_windows_and_no_augment_turns_it_off(tmp_path: Path
     assert not (tmp_path / "m").exists()
 
 
+def test_text_models_get_a_utf8_wide_path_unless_no_wide(tmp_path: Path) -> None:
+    write_texts(tmp_path / "d.jsonl")
+    argv = [str(tmp_path / "d.jsonl"), "--out", str(tmp_path / "m"), *TINY_TEXT]
+    wide, deep = _prepare(argv), _prepare([*argv, "--no-wide"])
+    assert wide.cfg.tfidf_buckets == userwide.wide_buckets(3) and wide.cfg.tfidf_utf8 is True
+    assert wide.model.tfidf is not None and wide.wide is not None
+    # The wide path sees the same training documents as the encoder, the holdout and test apart.
+    assert len(wide.wide.train) == len(wide.split.train) and len(wide.wide.test) == len(wide.test_y)
+    assert set(wide.wide.train).isdisjoint(wide.wide.holdout)
+    assert deep.cfg.tfidf_buckets == 0 and deep.model.tfidf is None and deep.wide is None
+    assert not (tmp_path / "m").exists()
+
+
 @pytest.mark.parametrize("init", ["lara-text-news", "lara-text-genre"])
 def test_init_from_a_shipped_encoder_with_the_recipes_pooling(tmp_path: Path, init: str) -> None:
-    """news pools by attention already: only the head is new; genre pools by mean: the pooling scores are
-    new too, every other tensor is the shipped one."""
+    """news pools by attention already: only the head (and the wide path, fitted later) is new; genre pools by
+    mean: the pooling scores are new too, every other tensor is the shipped one."""
     from safetensors.torch import load_file
 
     shipped = SHIPPED / init / "1" / "model.safetensors"
@@ -67,6 +81,7 @@ def test_init_from_a_shipped_encoder_with_the_recipes_pooling(tmp_path: Path, in
     prep = _prepare([str(tmp_path / "d.jsonl"), "--out", str(tmp_path / "m"), "--init", init])
     assert prep.cfg.pooling == "attention" and prep.cfg.case_fold and prep.cfg.num_classes == 3
     fresh = ["head.bias", "head.weight"] + (["pool.score.bias", "pool.score.weight"] if init.endswith("genre") else [])
+    fresh += ["tfidf.idf", "tfidf.weight"]
     assert prep.hp["init_tensors"]["fresh"] == fresh
     source, own = load_file(str(shipped)), prep.model.state_dict()
     assert prep.hp["init_tensors"]["copied"] == len(own) - len(fresh)

@@ -1,0 +1,140 @@
+"""The wide path of `lara train` (model_export.userwide): its sparse features against the head's own logits and a
+float64 Python reference, UTF-8 words, the logistic-regression fit, the holdout blend, and the installed model
+computing a * encoder + b * wide."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+from model_export import userwide
+from model_export.registry import build_model, get_config
+from model_export.text import _BASE, _BIGRAM_MUL, _BIGRAM_SALT, _WORD_MOD, TFIDF_GAIN, WORD_MAX_BYTES, TfidfHead
+
+BUCKETS = 4093
+DOCS = [
+    b"Markets rallied as shares rose; shares of banks rose most.",
+    b"The striker scored twice and the team won the cup.",
+    "Акции банков выросли, акции выросли снова.".encode(),
+    "Команда выиграла кубок, нападающий забил дважды.".encode(),
+    b"Shares fell; the cup final was won by the team.",
+    "東京 株価 上昇 株価".encode(),
+]
+
+
+def reference_features(text: bytes, idf: np.ndarray, utf8: bool) -> dict[int, float]:
+    """Float64 from Python integers and a regex: normalized sublinear tf x idf per bucket."""
+    pattern = rb"[A-Za-z0-9\x80-\xff]+" if utf8 else rb"[A-Za-z0-9]+"
+    hashes = []
+    for word in re.findall(pattern, text):
+        tail = word[-WORD_MAX_BYTES:].lower()
+        hashes.append(sum((b + 1) * _BASE**back for back, b in enumerate(reversed(tail))) % _WORD_MOD)
+    bigrams = [(p * _BIGRAM_MUL + h + _BIGRAM_SALT) % _WORD_MOD for p, h in zip(hashes, hashes[1:], strict=False)]
+    grams = Counter([h % BUCKETS for h in hashes] + [c % BUCKETS for c in bigrams])
+    x = {b: (1 + math.log(c)) * idf[b] for b, c in grams.items() if idf[b] != 0}
+    norm = math.sqrt(sum(v * v for v in x.values())) or 1.0
+    return {b: v / norm for b, v in x.items()}
+
+
+@pytest.mark.parametrize("utf8", [False, True])
+def test_features_match_a_float64_reference_and_the_heads_logits(utf8: bool) -> None:
+    head = TfidfHead(BUCKETS, 3, utf8=utf8)
+    head.fit_idf(userwide._ids(d) for d in DOCS * 2)  # every gram in >= 2 documents: all idf > 0
+    feats = userwide.features(head, DOCS)
+    idf = head.idf.double().numpy()
+    for i, doc in enumerate(DOCS):
+        ref = reference_features(doc, idf, utf8)
+        row = feats.getrow(i)
+        assert dict(zip(row.indices.tolist(), row.data.tolist(), strict=True)) == pytest.approx(ref, rel=1e-12)
+    torch.nn.init.normal_(head.weight, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for i, doc in enumerate(DOCS):
+            got = head(userwide._ids(doc)[None])[0].double()
+            want = TFIDF_GAIN * torch.from_numpy(feats.getrow(i) @ head.weight.double().numpy())[0]
+            # float32 sums of a few dozen products of O(1) terms: ~1e-6 relative
+            assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_utf8_words_see_non_latin_scripts_that_ascii_words_miss() -> None:
+    cyrillic = DOCS[2]
+    ascii_head, utf8_head = TfidfHead(BUCKETS, 2), TfidfHead(BUCKETS, 2, utf8=True)
+    for head in (ascii_head, utf8_head):
+        head.fit_idf(userwide._ids(d) for d in DOCS * 2)
+    assert userwide.features(ascii_head, [cyrillic]).nnz == 0
+    # 5 words (акции twice) -> 4 distinct unigrams + 4 distinct bigrams, give or take a bucket collision
+    assert userwide.features(utf8_head, [cyrillic]).nnz >= 7
+
+
+def test_wide_buckets_keep_the_table_bounded() -> None:
+    assert userwide.wide_buckets(2) == userwide.MAX_BUCKETS
+    for classes in (2, 5, 9, 20, 100, 5000):
+        b = userwide.wide_buckets(classes)
+        assert b & (b - 1) == 0 and b * classes <= max(userwide.MAX_TABLE_FLOATS, 2 * classes)
+
+
+@pytest.mark.parametrize("classes", [2, 3])
+def test_fit_separates_its_training_set_and_maps_binary_to_two_columns(classes: int) -> None:
+    head = TfidfHead(BUCKETS, classes, utf8=True)
+    docs = DOCS * 3
+    y = [i % classes for i in range(len(docs))]
+    fit = userwide.fit_wide(head, docs, y, classes)
+    assert fit.coef.shape == (classes, BUCKETS) and fit.intercept.shape == (classes,)
+    z = fit.logits(userwide.features(head, docs))
+    assert (z.argmax(1) == np.array(y)).mean() > 0.8  # separable words: the training set is fit
+    if classes == 2:  # sklearn's one score column, split antisymmetrically: softmax equals its sigmoid
+        np.testing.assert_allclose(fit.coef[0], -fit.coef[1])
+
+
+def test_tfidf_from_counts_and_the_idf_rule_match_the_head() -> None:
+    head = TfidfHead(BUCKETS, 2, utf8=True)
+    docs = DOCS + DOCS[:2]  # the first two documents' grams occur twice: df 2
+    c = userwide.counts(head, docs)
+    for min_df in (1, 2):
+        head.fit_idf((userwide._ids(d) for d in docs), min_df=min_df)
+        np.testing.assert_allclose(userwide._idf(c, min_df), head.idf.double().numpy(), rtol=1e-6)
+    assert (userwide._idf(c, 2) > 0).sum() < (userwide._idf(c, 1) > 0).sum()
+    x = userwide.tfidf(c, userwide._idf(c, 2))
+    np.testing.assert_allclose(np.sqrt(x.multiply(x).sum(1)).A.ravel()[:2], 1.0)
+    assert x.getrow(3).nnz == 0  # a document whose grams all occur once: dropped by min_df 2, a zero row
+
+
+def test_blend_follows_the_holdout() -> None:
+    y = np.array([0, 1] * 20)
+    good = np.eye(2)[y] * 3.0
+    noise = np.random.default_rng(0).normal(size=good.shape)
+    assert userwide.choose_blend(noise, good, y)[0] == 0.0  # a useless encoder is dropped
+    a, b = userwide.choose_blend(good, noise, y)
+    assert b == 0.0 and a == max(userwide.BLEND_GRID)  # a right and sharp encoder alone, sharpened
+    assert userwide.choose_blend(good, good, y) != (0.0, 0.0)
+
+
+def test_installed_model_computes_the_blend() -> None:
+    cfg = get_config("tiny-text", num_classes=3, tfidf_buckets=BUCKETS, tfidf_utf8=True)
+    model = build_model(cfg, seed=0).eval()
+    y = [i % 3 for i in range(len(DOCS))]
+    data = userwide.WideData(DOCS, y, DOCS[:3], y[:3], DOCS[3:], y[3:])
+    head, fit = userwide.detach_and_fit(model, data)
+    assert model.tfidf is None  # the encoder trains alone
+    ids = torch.nn.utils.rnn.pad_sequence([userwide._ids(d) for d in DOCS], batch_first=True)
+    mask = (ids > 0).long()
+    with torch.no_grad():
+        deep = model(ids, mask).double()
+
+    def deep_logits(m: torch.nn.Module, docs: list[bytes]) -> np.ndarray:
+        with torch.no_grad():
+            return torch.cat([m(userwide._ids(d)[None], torch.ones(1, len(d), dtype=torch.long)) for d in docs]).numpy()
+
+    parts = userwide.attach(model, head, fit, data, deep_logits)
+    a, b = parts["blend"]["encoder"], parts["blend"]["wide"]
+    assert model.tfidf is head
+    want = a * deep + b * torch.from_numpy(fit.logits(userwide.features(head, DOCS)))
+    with torch.no_grad():
+        got = model(ids, mask).double()
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-4)  # float32 logits of size ~10: 1e-4 absolute
+    assert parts["wide"]["buckets"] == BUCKETS and parts["wide"]["utf8_words"] is True
+    assert 0.0 <= parts["encoder"]["test_accuracy"] <= 1.0
