@@ -102,6 +102,11 @@ def summarize(name: str, out: Path) -> dict[str, Any]:
         "train_cpu_s": round(report["training"]["train_time_s"], 1),
         "command": conf["training"]["command"],
     }
+    parts = conf.get("metrics", {}).get("parts")  # text with the wide path: each part of LARA's blend alone
+    if parts:
+        row["encoder_accuracy"] = parts["encoder"]["test_accuracy"]
+        row["wide_accuracy"] = parts["wide"]["test_accuracy"]
+        row["blend"] = [parts["blend"]["encoder"], parts["blend"]["wide"]]
     row["lara_minus_baseline"] = paired_diff(pred["true"], pred["lara"], pred["baseline"])
     row["target_met"] = row["lara_minus_baseline"]["diff"] >= TARGET_MARGIN
     return row
@@ -113,12 +118,12 @@ def markdown(rows: list[dict[str, Any]], budget: float) -> str:
         "same test split (95% Wilson intervals; the difference paired, 95% bootstrap).",
         "",
         "| set | examples (test) | LARA accuracy | baseline accuracy | LARA - baseline | macro-F1 LARA / baseline "
-        "| ECE | epochs | baseline |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| ECE | epochs | encoder alone / wide path alone (blend) | baseline |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['set']} | {r['error']} | | | | | | | |")
+            lines.append(f"| {r['set']} | {r['error']} | | | | | | | | |")
             continue
         d = r["lara_minus_baseline"]
         lines.append(
@@ -127,9 +132,21 @@ def markdown(rows: list[dict[str, Any]], budget: float) -> str:
             f"{100 * r['baseline_accuracy']:.1f}% ({100 * r['baseline_interval'][0]:.1f}-"
             f"{100 * r['baseline_interval'][1]:.1f}) | {100 * d['diff']:+.1f} ({100 * d['lo']:+.1f} to "
             f"{100 * d['hi']:+.1f}) | {r['lara_macro_f1']:.3f} / {r['baseline_macro_f1']:.3f} | "
-            f"{100 * r['lara_ece']:.1f}% | {r['epochs']} | {r['baseline']} |"
+            f"{100 * r['lara_ece']:.1f}% | {r['epochs']} | {_parts(r)} | {r['baseline']} |"
         )
+    if any("blend" in r for r in rows):
+        lines += ["", "Text models blend the encoder's logits with a wide path inside the same graph (hashed word "
+                  "1-2-gram tf-idf + logistic regression, fitted before the encoder trains; blend weights "
+                  "a x encoder + b x wide chosen on the holdout: model_export.userwide). The parts column scores "
+                  "each alone on the same test split."]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _parts(r: dict[str, Any]) -> str:
+    if "blend" not in r:
+        return "-"
+    a, b = r["blend"]
+    return f"{100 * r['encoder_accuracy']:.1f}% / {100 * r['wide_accuracy']:.1f}% ({a:g}, {b:g})"
 
 
 def chart(rows: list[dict[str, Any]], path: Path) -> None:
@@ -141,11 +158,15 @@ def chart(rows: list[dict[str, Any]], path: Path) -> None:
     ok = [r for r in rows if "error" not in r]
     fig, ax = plt.subplots(figsize=(7, 3.6))
     x = np.arange(len(ok))
-    for off, key, label in ((-0.2, "lara", "LARA (lara train)"), (0.2, "baseline", "plain baseline")):
+    for off, key, label in ((-0.27, "lara", "LARA (lara train)"), (0.0, "baseline", "plain baseline")):
         acc = np.array([r[f"{key}_accuracy"] for r in ok])
         lo = acc - np.array([r[f"{key}_interval"][0] for r in ok])
         hi = np.array([r[f"{key}_interval"][1] for r in ok]) - acc
-        ax.bar(x + off, 100 * acc, 0.4, yerr=100 * np.vstack([lo, hi]), capsize=3, label=label)
+        ax.bar(x + off, 100 * acc, 0.27, yerr=100 * np.vstack([lo, hi]), capsize=3, label=label)
+    enc = [(i, r["encoder_accuracy"]) for i, r in enumerate(ok) if "encoder_accuracy" in r]
+    if enc:  # what the encoder alone scores (text: LARA without its wide path)
+        ax.bar([i + 0.27 for i, _ in enc], [100 * a for _, a in enc], 0.27, label="LARA encoder alone",
+               color="lightgray", hatch="//")  # fmt: skip
     ax.set_xticks(x, [r["set"] for r in ok])
     ax.set_ylabel("test accuracy (%)")
     ax.set_ylim(0, 100)

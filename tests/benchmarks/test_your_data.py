@@ -28,7 +28,9 @@ def test_paired_difference_counts_only_the_examples_where_they_differ() -> None:
     assert same == {"diff": 0.0, "lo": 0.0, "hi": 0.0}
 
 
-def _fake_run(out: Path, lara_pred: list[int], base_pred: list[int], true: list[int]) -> None:
+def _fake_run(
+    out: Path, lara_pred: list[int], base_pred: list[int], true: list[int], parts: dict | None = None
+) -> None:
     out.mkdir(parents=True)
     acc = lambda p: sum(x == y for x, y in zip(p, true, strict=True)) / len(true)  # noqa: E731
     report = {
@@ -41,6 +43,8 @@ def _fake_run(out: Path, lara_pred: list[int], base_pred: list[int], true: list[
         "training": {"epochs": 4, "train_time_s": 900.2},
     }
     conf = {"labels": ["a", "b"], "data": {"examples": 43}, "training": {"command": "lara train x"}}
+    if parts is not None:
+        conf["metrics"] = {"parts": parts}
     (out / "report.json").write_text(json.dumps(report))
     (out / "config.json").write_text(json.dumps(conf))
 
@@ -56,4 +60,17 @@ def test_summary_and_table_of_a_finished_run(tmp_path: Path) -> None:
     table = yd.markdown([worse, level, {"set": "broken", "error": "exit 2"}], 15)
     assert "| worse | 43 (10) | 80.0% (49.0-94.3) | 100.0% (72.2-100.0) | -20.0" in table
     assert "| broken | exit 2 |" in table and "15-minute" in table
-    assert table.splitlines()[4].endswith("| 4 | tfidf |")  # the baseline named on its row
+    assert table.splitlines()[4].endswith("| 4 | - | tfidf |")  # the baseline named on its row; no parts
+
+
+def test_the_parts_of_a_wide_and_deep_model_are_tabled(tmp_path: Path) -> None:
+    true = [0, 1] * 5
+    parts = {"blend": {"encoder": 0.25, "wide": 1.0}, "encoder": {"test_accuracy": 0.7},
+             "wide": {"test_accuracy": 0.9}}  # fmt: skip
+    _fake_run(tmp_path / "wd", true, true, true, parts)
+    row = yd.summarize("wd", tmp_path / "wd")
+    assert row["encoder_accuracy"] == 0.7 and row["wide_accuracy"] == 0.9 and row["blend"] == [0.25, 1.0]
+    table = yd.markdown([row], 15)
+    assert "| 70.0% / 90.0% (0.25, 1) | tfidf |" in table and "wide path" in table.split("\n\n")[-1]
+    yd.chart([row], tmp_path / "chart.png")
+    assert (tmp_path / "chart.png").stat().st_size > 0
