@@ -111,19 +111,15 @@ def _idf(c, min_df: int) -> np.ndarray:
     return smoothed_idf(df, c.shape[0], min_df).numpy()
 
 
-def _logreg(x, y: np.ndarray, C: float):
-    from sklearn.linear_model import LogisticRegression
-
-    return LogisticRegression(C=C, max_iter=2000).fit(x, y)
-
-
 def fit_wide(head: TfidfHead, train_docs: list[bytes], train_y: list[int], num_classes: int) -> WideFit:
     """Set the head's idf from the training documents (min_df 2, as TfidfHead.fit_idf), then fit a multinomial
     logistic regression on its features."""
     c, y = counts(head, train_docs), np.asarray(train_y)
     idf = _idf(c, MIN_DF)
     head.idf.copy_(torch.from_numpy(idf).to(head.idf.dtype))
-    clf = _logreg(tfidf(c, idf), y, LOGREG_C)
+    from sklearn.linear_model import LogisticRegression
+
+    clf = LogisticRegression(C=LOGREG_C, max_iter=2000).fit(tfidf(c, idf), y)
     coef = np.zeros((num_classes, head.buckets))
     intercept = np.zeros(num_classes)
     if len(clf.classes_) == 2 and num_classes == 2:  # one score column: +w for class 1, -w for class 0
@@ -135,9 +131,7 @@ def fit_wide(head: TfidfHead, train_docs: list[bytes], train_y: list[int], num_c
 
 
 def _nll(z: np.ndarray, y: np.ndarray) -> float:
-    z = z - z.max(1, keepdims=True)
-    logp = z - np.log(np.exp(z).sum(1, keepdims=True))
-    return float(-logp[np.arange(len(y)), y].mean())
+    return float(nn.functional.cross_entropy(torch.from_numpy(z), torch.from_numpy(y)))
 
 
 def choose_blend(z_deep: np.ndarray, z_wide: np.ndarray, y: np.ndarray) -> tuple[float, float]:
