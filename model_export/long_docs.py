@@ -76,6 +76,11 @@ class LengthMixTask:
     composite_min: int = 4096
     composite_max: int = 16384
     tokens_per_batch: int = 24576
+    # A batch closes only once it holds this many examples, even past the token budget: a long window gets a
+    # partner of similar length (the plan is sorted by length), so each process of a 2-process data-parallel
+    # run has an example to compute every step instead of idling through the all-reduce. 1 replays the
+    # shipped models' epochs exactly.
+    min_examples: int = 1
     teacher: Callable[[Sequence[bytes], Sequence[int]], Tensor] | None = None
     # Label-preserving noise and unrelated filler applied to each window (model_export.augment.TextAugment);
     # None draws nothing, so runs without it replay the same epochs as before it existed.
@@ -118,9 +123,12 @@ class LengthMixTask:
         examples = sorted((self._example(rng, by_label) for _ in range(len(self))), key=lambda e: len(e[0]))
         batches: list[list[tuple[bytes, int, int]]] = [[]]
         for ex in examples:  # ascending length: the newest member is the longest, so cost = len x count
-            if batches[-1] and len(ex[0]) * (len(batches[-1]) + 1) > self.tokens_per_batch:
+            count = len(batches[-1])
+            if count >= self.min_examples and len(ex[0]) * (count + 1) > self.tokens_per_batch:
                 batches.append([])
             batches[-1].append(ex)
+        if len(batches) > 1 and len(batches[-1]) < self.min_examples:
+            batches[-2].extend(batches.pop())  # the longest leftovers join the batch before them
         rng.shuffle(batches)
         return batches
 

@@ -32,8 +32,10 @@ RECIPE = (
 def length_mix(max_length: int) -> dict[str, Any]:
     """The shipped news recipe's windows (model_export.long_docs.LengthMixTask: 256 B-8 KB log-uniform, same-label
     composites of 4-16 KB for 15% of the examples, head-anchored windows half the time, 24 K tokens a batch),
-    every length capped at the model's max_length: no training input is longer than a served one may be."""
-    mix = {**LENGTH_MIX["news"], "head_prob": 0.5, "composite_min": 4096, "composite_max": 16384}
+    every length capped at the model's max_length: no training input is longer than a served one may be.
+    Unlike the shipped run, a batch holds at least 2 examples (a long window gets a partner past the token
+    budget), so `torchrun --nproc_per_node 2` gives both processes work every step."""
+    mix = {**LENGTH_MIX["news"], "head_prob": 0.5, "composite_min": 4096, "composite_max": 16384, "min_examples": 2}
     for key in ("max_length", "min_length", "composite_max", "composite_min"):
         mix[key] = min(mix[key], max_length)
     return mix

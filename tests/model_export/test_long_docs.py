@@ -105,6 +105,23 @@ def test_length_mix_batches_fit_the_token_budget() -> None:
     assert min(lengths) < 256
 
 
+@pytest.mark.parametrize("n_docs", [60, 61])
+def test_min_examples_pairs_long_windows_and_keeps_every_example(n_docs: int) -> None:
+    # Windows of 1-2 KB against a 2 KB budget: alone, most batches would hold one example.
+    docs = [bytes([65 + i % 20]) * (1000 + 17 * i) for i in range(n_docs)]
+    labels = torch.tensor([i % 3 for i in range(n_docs)])
+    common = {"eval_length": 4096, "min_length": 1000, "max_length": 2000, "tokens_per_batch": 2048}
+    single = LengthMixTask(docs, labels, **common)._plan(5)
+    paired = LengthMixTask(docs, labels, **common, min_examples=2)._plan(5)
+    assert sum(len(b) == 1 for b in single) > n_docs // 2
+    assert all(len(b) >= 2 for b in paired)
+    # The same windows, only grouped differently (the plan's draws do not depend on min_examples).
+    assert sorted(w for b in paired for w, _, _ in b) == sorted(w for b in single for w, _, _ in b)
+    # Past the budget only for a partner: pairs, and at most one triple (a lone last window joins the batch
+    # before it).
+    over = sorted(len(b) for b in paired if max(len(w) for w, _, _ in b) * len(b) > 2048)
+    assert over and set(over[:-1]) == {2} and over[-1] in (2, 3)
+
 def test_head_prob_starts_windows_at_the_document_head() -> None:
     docs = [b"\x00" + bytes(range(1, 250)) * 8 for _ in range(40)]  # byte 0 occurs only at the head
     labels = torch.zeros(40, dtype=torch.int64)
