@@ -138,3 +138,62 @@ def test_installed_model_computes_the_blend() -> None:
     assert torch.allclose(got, want, rtol=1e-4, atol=1e-4)  # float32 logits of size ~10: 1e-4 absolute
     assert parts["wide"]["buckets"] == BUCKETS and parts["wide"]["utf8_words"] is True
     assert 0.0 <= parts["encoder"]["test_accuracy"] <= 1.0
+
+
+def _topics(n_per_class: int, seed: int = 0) -> tuple[list[bytes], np.ndarray]:
+    """Two classes told apart by their words, with shared filler words: learnable, not trivially."""
+    rng = np.random.default_rng(seed)
+    words = {0: [b"market", b"shares", b"bank", b"profit"], 1: [b"striker", b"goal", b"cup", b"match"]}
+    filler = [b"the", b"of", b"said", b"today", b"news", b"week"]
+    docs, y = [], []
+    for label in (0, 1):
+        for _ in range(n_per_class):
+            picks = list(rng.choice(words[label], 2)) + list(rng.choice(filler, 4))
+            rng.shuffle(picks)
+            docs.append(b" ".join(picks))
+            y.append(label)
+    return docs, np.asarray(y)
+
+
+def test_the_choice_is_the_best_cross_validated_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A grid whose default cannot learn (min_df above the number of documents: every idf 0, every feature
+    # 0), so that the default-first tie rule alone would keep it.
+    monkeypatch.setattr(userwide, "MIN_DF_GRID", (10_000, 1))
+    monkeypatch.setattr(userwide, "C_GRID", (10.0, 30.0))
+    monkeypatch.setattr(userwide, "MIN_DF", 10_000)
+    docs, y = _topics(30)
+    head = TfidfHead(BUCKETS, 2)
+    choice = userwide.choose_settings(userwide.counts(head, docs), y)
+    assert (choice.min_df, choice.C) == (1, 10.0)  # the first of the settings that learn (tied at the top)
+    assert len(choice.cv_accuracy) == 4 and choice.cv_accuracy["min_df=1,C=10"] == max(choice.cv_accuracy.values())
+    assert choice.cv_accuracy["min_df=10000,C=10"] == choice.cv_accuracy["min_df=10000,C=30"] == 0.5
+    assert choice.record()["chosen_on"].startswith("3-fold CV")
+
+
+def test_ties_go_to_the_defaults_and_tiny_sets_keep_them() -> None:
+    docs, y = _topics(30)
+    head = TfidfHead(BUCKETS, 2)
+    choice = userwide.choose_settings(userwide.counts(head, docs), y)
+    # Every real setting separates these topics: all tie, and the defaults stay.
+    assert set(choice.cv_accuracy.values()) == {1.0}
+    assert (choice.min_df, choice.C) == (userwide.MIN_DF, userwide.LOGREG_C)
+    small = userwide.choose_settings(userwide.counts(head, docs[:2] + docs[-2:]), np.asarray([0, 0, 1, 1]))
+    assert small.cv_accuracy == {} and (small.min_df, small.C) == (userwide.MIN_DF, userwide.LOGREG_C)
+    assert "too few" in small.record()["chosen_on"]
+
+
+def test_large_sets_are_chosen_on_a_subset(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(userwide, "CV_MAX_EXAMPLES", 24)
+    seen: list[int] = []
+    real = userwide._logreg
+
+    def counting(c_value: float):
+        clf = real(c_value)
+        fit = clf.fit
+        clf.fit = lambda x, y: (seen.append(x.shape[0]), fit(x, y))[1]
+        return clf
+
+    monkeypatch.setattr(userwide, "_logreg", counting)
+    docs, y = _topics(30)
+    userwide.choose_settings(userwide.counts(TfidfHead(BUCKETS, 2), docs), y)
+    assert seen and max(seen) == 16  # two of three folds of the 24 kept
