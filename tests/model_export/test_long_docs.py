@@ -122,6 +122,7 @@ def test_min_examples_pairs_long_windows_and_keeps_every_example(n_docs: int) ->
     over = sorted(len(b) for b in paired if max(len(w) for w, _, _ in b) * len(b) > 2048)
     assert over and set(over[:-1]) == {2} and over[-1] in (2, 3)
 
+
 def test_head_prob_starts_windows_at_the_document_head() -> None:
     docs = [b"\x00" + bytes(range(1, 250)) * 8 for _ in range(40)]  # byte 0 occurs only at the head
     labels = torch.zeros(40, dtype=torch.int64)
