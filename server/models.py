@@ -342,8 +342,9 @@ def _load_one(name: str, model_dir: Path, settings: Settings, metrics: Metrics |
 
         keep_freed_memory()
     backend = create_backend(
-        kind, model_dir, config, settings.device, settings.num_threads, settings.ort_attention, settings.ort_spinning
-    )
+        kind, model_dir, config, settings.device, settings.num_threads, settings.ort_attention,
+        settings.ort_spinning, settings.ort_long_via_torch,
+    )  # fmt: skip
     observer = metrics.observer(name) if metrics is not None else None
     model = ServedModel(config, backend, policy_from(settings), observer)
     try:

@@ -53,6 +53,13 @@ class Settings(BaseSettings):
         "spinning only takes cores from the event loop and other work. On: maybe a little lower latency "
         "on cores nothing else uses.",
     )
+    ort_long_via_torch: bool = Field(
+        True,
+        description="onnxruntime on CPU: text documents longer than 65,536 tokens run on the same model's "
+        "torch forward over slices (model_export.long_forward) when the [train] extra (torch) is installed "
+        "and the model has model.safetensors: ~1.7 KB of memory per byte instead of onnxruntime's ~7.6 "
+        "(1.7 GB vs 8 GB at 1 MiB). Off, or without them: onnxruntime runs every length.",
+    )
     ort_attention: Literal["auto", "fused", "body"] = Field(
         "auto",
         description="onnxruntime on CPU: how LaraAttention nodes run. fused: the compiled C++ kernel as an "

@@ -56,11 +56,14 @@ def create_backend(
     num_threads: int = 0,
     ort_attention: OrtAttention = "auto",
     ort_spinning: bool = False,
+    ort_long_via_torch: bool = True,
 ) -> Backend:
     if name == "onnxruntime":
         from server.backends.onnx_runtime import OnnxRuntimeBackend
 
-        return OnnxRuntimeBackend(model_dir, config, device, num_threads, ort_attention, ort_spinning)
+        return OnnxRuntimeBackend(
+            model_dir, config, device, num_threads, ort_attention, ort_spinning, ort_long_via_torch
+        )
     if name == "torch":
         from server.backends.pytorch import TorchBackend
 

@@ -3,17 +3,27 @@
 LaraAttention nodes run either as their ONNX function body (inlined by onnxruntime at load) or, on the
 CPU, as the fused C++ kernel registered as a custom op (`kernels.ort_library`); `attention_kernel` says
 which. The kernel is CPU-only: on CUDA the body runs on the GPU.
+
+Text documents longer than LONG_TOKENS go, on the CPU and unless `long_via_torch` is off, to the same model's
+torch forward (model_export.long_forward: the residual stream kept in place, everything per token on
+slices): onnxruntime holds ~7.6 KB per token of such a document where ~2.7 KB is live (research.memory_per_byte;
+8 GB at 1 MiB), the sliced forward ~1.7 KB. Each row takes its path by its own length, never by its batch's,
+so a document's answer does not depend on what it was batched with.
 """
 
 from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from server.backends import BackendUnavailable, Device, ModelOutputs, OrtAttention, check_outputs
-from server.repository import ONNX_FILE, OOD_OUTPUT, ModelConfig
+from server.backends import Backend, BackendUnavailable, Device, ModelOutputs, OrtAttention, check_outputs
+from server.repository import ONNX_FILE, OOD_OUTPUT, TORCH_FILE, ModelConfig
+
+# model_export.long_forward.LONG_FROM: from here on the torch forward runs on slices (kept equal by a test).
+LONG_TOKENS = 65536
 
 # onnxruntime's session config keys for busy-waiting worker threads (onnxruntime_session_options_config_keys.h).
 SPIN_KEYS = ("session.intra_op.allow_spinning", "session.inter_op.allow_spinning")
@@ -47,6 +57,7 @@ class OnnxRuntimeBackend:
         num_threads: int = 0,
         attention: OrtAttention = "auto",
         spinning: bool = False,
+        long_via_torch: bool = True,
     ) -> None:
         reasons = not_supported_reasons(model_dir, config, device)
         if reasons:
@@ -85,17 +96,80 @@ class OnnxRuntimeBackend:
                     f"config.json declares output {OOD_OUTPUT!r} but {path} has outputs {graph_outputs}"
                 )
             self._output_names.append(OOD_OUTPUT)
+        handoff = long_via_torch and device == "cpu" and config.task == "text" and "attention_mask" in declared
+        self._long = _TorchForLong(model_dir, config, num_threads) if handoff else None
 
     def run(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         return self.run_outputs(inputs).logits
 
     def run_outputs(self, inputs: dict[str, np.ndarray]) -> ModelOutputs:
+        if self._long is not None:
+            lengths = inputs["attention_mask"].sum(1)
+            if (lengths > LONG_TOKENS).any() and (torch_backend := self._long.get()) is not None:
+                return self._split(inputs, lengths, torch_backend)
+        return self._run_ort(inputs)
+
+    def _run_ort(self, inputs: dict[str, np.ndarray]) -> ModelOutputs:
         batch = next(iter(inputs.values())).shape[0]
         outs = self.session.run(self._output_names, {name: inputs[name] for name in self._input_names})
         return check_outputs(outs[0], outs[1] if len(outs) > 1 else None, batch, self._config)
 
+    def _split(self, inputs: dict[str, np.ndarray], lengths: np.ndarray, torch_backend: Backend) -> ModelOutputs:
+        """Rows longer than LONG_TOKENS through torch, the rest through onnxruntime, each group cut to its own
+        longest row (padding does not change a row's answer), reassembled in the batch's order."""
+        long = lengths > LONG_TOKENS
+        logits = np.zeros((len(lengths), len(self._config.labels)), dtype=np.float32)
+        ood = np.zeros(len(lengths), dtype=np.float32) if self._config.has_ood_output else None
+        for rows, run in ((np.flatnonzero(long), torch_backend.run_outputs), (np.flatnonzero(~long), self._run_ort)):
+            if not len(rows):
+                continue
+            width = int(lengths[rows].max())
+            part = run({name: np.ascontiguousarray(value[rows, :width]) for name, value in inputs.items()})
+            logits[rows] = part.logits
+            if ood is not None and part.ood_score is not None:
+                ood[rows] = part.ood_score
+        return check_outputs(logits, ood, len(lengths), self._config)
+
     def close(self) -> None:
         del self.session
+        if self._long is not None:
+            self._long.close()
+
+
+class _TorchForLong:
+    """The model's torch backend for documents longer than LONG_TOKENS, made at the first one (a server that
+    never sees one never imports torch). Without torch, model_export or a loadable model.safetensors:
+    onnxruntime runs them (a warning says why, once)."""
+
+    def __init__(self, model_dir: Path, config: ModelConfig, num_threads: int, loader: Any = None) -> None:
+        self._model_dir, self._config, self._threads, self._loader = model_dir, config, num_threads, loader
+        self._backend: Backend | None = None
+        self._warned = False
+        weights = model_dir / config.version / TORCH_FILE
+        missing = loader is None and not weights.is_file()
+        self.unavailable: str | None = f"{weights} does not exist" if missing else None
+
+    def get(self) -> Backend | None:
+        if self._backend is None and self.unavailable is None:
+            try:
+                from server.backends.pytorch import TorchBackend
+
+                self._backend = TorchBackend(self._model_dir, self._config, "cpu", self._threads, self._loader)
+            except Exception as exc:  # noqa: BLE001 - any failure: onnxruntime still serves these documents
+                self.unavailable = f"the torch forward could not be loaded ({type(exc).__name__}: {exc})"
+        if self.unavailable is not None and not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"{self._config.name}: documents longer than {LONG_TOKENS} tokens run on onnxruntime "
+                f"(about 4.5x the memory of the torch sliced forward; pip install '.[train]' for it): "
+                f"{self.unavailable}",
+                stacklevel=2,
+            )
+        return self._backend
+
+    def close(self) -> None:
+        if self._backend is not None:
+            self._backend.close()
 
 
 def _fused_or_body(options: object, attention: OrtAttention) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -114,3 +115,63 @@ def test_model_backends_choose_per_model() -> None:
     finally:
         for m in models.values():
             m.backend.close()
+
+
+# -- onnxruntime hands documents longer than LONG_TOKENS to the torch sliced forward --------------------------
+
+
+def _two_lengths(config) -> dict[str, np.ndarray]:  # type: ignore[no-untyped-def]
+    items = [text_item(b"short", config.preprocessing, False),  # type: ignore[arg-type]
+             text_item(b"a text longer than sixteen bytes", config.preprocessing, False)]  # type: ignore[arg-type]  # fmt: skip
+    return collate(items, config)
+
+
+def test_long_rows_run_on_torch_and_short_rows_on_onnxruntime(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from server.backends import onnx_runtime
+
+    monkeypatch.setattr(onnx_runtime, "LONG_TOKENS", 16)  # the synthetic model's texts are short
+    config = read_config(repo / TEXT)
+    inputs = _two_lengths(config)
+    plain = create_backend("onnxruntime", repo / TEXT, config, "cpu", ort_long_via_torch=False)
+    mixed = create_backend("onnxruntime", repo / TEXT, config, "cpu")
+    seen: list[tuple[int, int]] = []
+    torch_backend = TorchBackend(repo / TEXT, config, "cpu", loader=load_synthetic)
+    real_run = torch_backend.run_outputs
+    torch_backend.run_outputs = lambda x: (seen.append(x["input_ids"].shape), real_run(x))[1]  # type: ignore[method-assign]
+    mixed._long = onnx_runtime._TorchForLong(repo / TEXT, config, 0, loader=load_synthetic)  # type: ignore[attr-defined]
+    mixed._long._backend = torch_backend  # type: ignore[attr-defined]
+    out = mixed.run(inputs)
+    assert seen == [(1, 32)]  # the long row alone, cut to its own length; the short row never reached torch
+    long_alone = {k: v[1:, :32] for k, v in inputs.items()}
+    short_alone = {k: v[:1, :5] for k, v in inputs.items()}
+    np.testing.assert_array_equal(out[1], real_run(long_alone).logits[0])
+    np.testing.assert_array_equal(out[0], plain.run(short_alone)[0])
+    np.testing.assert_allclose(out, plain.run(inputs), atol=1e-5)  # the two paths agree on what they compute
+
+
+def test_without_torch_weights_long_rows_stay_on_onnxruntime(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from server.backends import onnx_runtime
+
+    monkeypatch.setattr(onnx_runtime, "LONG_TOKENS", 16)
+    config = read_config(repo / TEXT)  # a synthetic model: its model.safetensors is not model_export's
+    inputs = _two_lengths(config)
+    backend = create_backend("onnxruntime", repo / TEXT, config, "cpu")
+    with pytest.warns(UserWarning, match="longer than 16 tokens run on onnxruntime.*could not be loaded \\(KeyError"):
+        first = backend.run(inputs)
+    with warnings.catch_warnings(record=True) as again:
+        warnings.simplefilter("always")
+        second = backend.run(inputs)
+    assert not again  # said once
+    plain = create_backend("onnxruntime", repo / TEXT, config, "cpu", ort_long_via_torch=False)
+    assert plain._long is None  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(first, plain.run(inputs))
+    np.testing.assert_array_equal(second, first)
+
+
+def test_the_hand_off_length_is_where_the_torch_forward_slices(repo: Path, tmp_path: Path) -> None:
+    from model_export import long_forward
+    from server.backends import onnx_runtime
+
+    assert onnx_runtime.LONG_TOKENS == long_forward.LONG_FROM
+    missing = onnx_runtime._TorchForLong(tmp_path, read_config(repo / TEXT), 0)
+    assert missing.unavailable is not None and "model.safetensors does not exist" in missing.unavailable
