@@ -2,6 +2,10 @@
 TF-IDF + logistic regression on the same folds (the fixed 109-text test split alone is noisy).
 
     python -m research.brown_kfold [--folds 0 1 2 3 4] [--budget 12] [--threads 1] [--init-from DIR]
+        [--tag NAME --train-args "ARGS"]
+
+--train-args adds model_export.train options to every fold's run (a recipe: text augmentation, config
+overrides); --tag keeps that recipe's runs and results apart (research/results/brown_kfold_NAME.json).
 
 Folds: model_export.tasks.fold_split, 5 folds over all 500 texts, stratified by genre, seed 1234. For
 fold K: lara-text-genre's architecture, initialized from a BBC model's weights (--init-from, default the
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import time
 from pathlib import Path
@@ -48,6 +53,13 @@ def tfidf_scores(train: tuple[list[str], list[int]], test: tuple[list[str], list
 DEFAULT_INIT = ROOT / "model_repository" / "lara-text-news"
 
 
+def paths(tag: str | None) -> tuple[Path, Path]:
+    """The runs folder and the results file of a recipe (no tag: the first recipe's, as committed)."""
+    if not tag:
+        return RUNS, OUT
+    return RUNS.with_name(f"brown-kfold-{tag}"), OUT.with_name(f"brown_kfold_{tag}.json")
+
+
 def run_fold(
     fold: int,
     budget_min: float,
@@ -55,17 +67,20 @@ def run_fold(
     seed: int,
     score_limit: int | None = None,
     init_from: Path = DEFAULT_INIT,
+    tag: str | None = None,
+    train_args: list[str] | None = None,
 ) -> dict[str, Any]:
     from model_export import train
     from model_export.hub import load_config, load_pretrained
     from model_export.long_docs import accuracy_on
     from model_export.tasks import fold_split, text_docs
 
-    out, ckpt = RUNS / f"fold-{fold}", RUNS / "ckpt" / f"fold-{fold}"
+    runs = paths(tag)[0]
+    out, ckpt = runs / f"fold-{fold}", runs / "ckpt" / f"fold-{fold}"
     argv = ["--model", "lara-text-genre", "--fold", f"{fold}/{N_FOLDS}", "--length-mix", "--epochs", "200"]
     argv += ["--init-from", str(init_from), "--time-budget", str(budget_min)]
     argv += ["--clock", "cpu", "--threads", str(threads), "--seed", str(seed), "--no-test", "--eval-limit", "20"]
-    argv += ["--out", str(out), "--run-dir", str(ckpt)]
+    argv += ["--out", str(out), "--run-dir", str(ckpt)] + list(train_args or [])
     done = (out / "config.json").is_file() and load_config(out)["training"].get("time_budget_min") == budget_min
     t0 = time.perf_counter()
     if not done:
@@ -133,16 +148,20 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def merge(row: dict[str, Any], budget_min: float, threads: int) -> dict[str, Any]:
+def merge(
+    row: dict[str, Any], budget_min: float, threads: int, tag: str | None = None, train_args: list[str] | None = None
+) -> dict[str, Any]:
     """Add one fold's row to the results file (parallel fold processes write the same file) and redraw."""
+    runs, out = paths(tag)
     header = {
-        "benchmark": "python -m research.brown_kfold",
+        "benchmark": "python -m research.brown_kfold" + (f" --tag {tag}" if tag else ""),
         "budget_min": budget_min,
         "budget": f"{budget_min:g} min of one core (CPU time, {threads} thread) per fold, "
         "from lara-text-news's weights, mixed-length windows 256 B - 4 KB",
+        "train_args": list(train_args or []),
     }
-    payload = merge_fold_row(OUT, RUNS, row, header, summarize)
-    plot(payload["rows"], OUT.with_suffix(".png"))
+    payload = merge_fold_row(out, runs, row, header, summarize)
+    plot(payload["rows"], out.with_suffix(".png"))
     return payload
 
 
@@ -160,10 +179,13 @@ def main(argv: list[str] | None = None) -> None:
         help="BBC model folder whose weights start every fold (the committed results: lara-text-news as of "
         "commit bb0359e, see the README)",
     )
+    p.add_argument("--tag", default=None, help="name of this recipe's runs and results file")
+    p.add_argument("--train-args", default="", help="extra model_export.train options for every fold (one string)")
     args = p.parse_args(argv)
+    extra = shlex.split(args.train_args)
     for fold in args.folds:
-        row = run_fold(fold, args.budget, args.threads, args.seed, args.score_limit, args.init_from)
-        payload = merge(row, args.budget, args.threads)
+        row = run_fold(fold, args.budget, args.threads, args.seed, args.score_limit, args.init_from, args.tag, extra)
+        payload = merge(row, args.budget, args.threads, args.tag, extra)
         print(json.dumps({"fold": fold, "lara": row["lara"], "tfidf": row["tfidf"]}), flush=True)
     print(json.dumps(payload["summary"], indent=2))
 

@@ -24,3 +24,25 @@ def test_one_fold_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, br
     assert result["summary"]["lara_full"]["pooled"] == round(row["lara"]["full"], 4)
     assert (tmp_path / "brown_kfold.png").stat().st_size > 1000
     assert "--fold 3/5" in row["command"] and (tmp_path / "runs" / "fold-3" / "config.json").is_file()
+
+
+def test_a_tagged_recipe_trains_with_its_options_and_keeps_its_own_results(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, brown_all: list[brown.BrownDoc]
+) -> None:
+    from research import brown_kfold
+
+    monkeypatch.setattr(brown_kfold, "RUNS", tmp_path / "runs" / "brown-kfold")
+    monkeypatch.setattr(brown_kfold, "OUT", tmp_path / "brown_kfold.json")
+    recipe = """--override '{"case_fold": true, "pooling": "attention"}' --augment-text '{"filler_prob": 0.5}'"""
+    brown_kfold.main(["--folds", "1", "--budget", "0.01", "--score-limit", "8", "--tag", "r", "--train-args", recipe])
+    assert not (tmp_path / "brown_kfold.json").exists()  # the untagged recipe's results are untouched
+    result = json.loads((tmp_path / "brown_kfold_r.json").read_text())
+    assert result["train_args"][-4:] == [
+        "--override",
+        '{"case_fold": true, "pooling": "attention"}',
+        "--augment-text",
+        '{"filler_prob": 0.5}',
+    ]
+    config = json.loads((tmp_path / "runs" / "brown-kfold-r" / "fold-1" / "config.json").read_text())
+    assert config["model"]["case_fold"] is True and config["model"]["pooling"] == "attention"
+    assert config["training"]["text_augment"]["filler_prob"] == 0.5
