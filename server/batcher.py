@@ -229,9 +229,6 @@ class Batcher(Generic[P, R]):
             if self._observer is not None:
                 self._observer.items_dropped("cancelled", dropped)
 
-    def _estimate_s(self, batch: Sequence[_Entry[P, R]]) -> float:
-        return self.cost.estimate_s(max(e.length for e in batch) * len(batch))
-
     def _late_reason(self, entry: _Entry[P, R], now: float, in_batch: bool) -> str | None:
         """Why `entry` cannot be answered in time, or None. Only a deadline already passed, or a
         measured lower bound of the entry's time ALONE beyond its deadline, refuses it: a batch that
