@@ -22,6 +22,18 @@ from model_export.ood import ServingModel
 from model_export.report import accuracy_by_length, classification_metrics, reliability, softmax, write_report
 from model_export.userfit import FitState
 
+SHIPPED = Path(__file__).resolve().parents[1] / "model_repository"
+
+
+def init_record(init: Path | None) -> str:
+    """How config.json names the weights a run started from: "none", a shipped model by its name (an
+    absolute path would name this machine's checkout), or the folder as the user gave it."""
+    if init is None:
+        return "none"
+    if init.resolve().parent == SHIPPED:
+        return init.name
+    return str(init)
+
 
 def serving_head(model: torch.nn.Module, prep: Any) -> tuple[ServingModel, dict[str, Any], dict[str, Any], Any]:
     """The shipped models' serving head (model_export.finalize) for this run: a temperature fitted on the
@@ -102,7 +114,7 @@ def finish(args: argparse.Namespace, prep: Any, state: FitState, stage: Path) ->
         split={"how": how, "seed": args.seed, "counts": split["counts"], "file": "split.json"},
         training={
             **prep.hp,
-            "init": str(prep.init) if prep.init else "none",
+            "init": init_record(prep.init),
             "epochs": args.epochs,
             "time_budget_min": args.time_budget,
             "clock": args.clock,

@@ -41,11 +41,10 @@ from model_export.ood_input import image_input_scores, text_input_scores
 from model_export.registry import build_model, get_config
 from model_export.tasks import ImageTask
 from model_export.train import DEFAULTS
-from model_export.userartifact import finish
+from model_export.userartifact import SHIPPED, finish
 from model_export.userbaseline import IMAGE_BASELINE, TEXT_BASELINE, image_baseline, text_baseline
 from model_export.userfit import BudgetTooSmall, FitSettings, ResumeError, TrainingStopped, clock_fn, fit
 
-SHIPPED = Path(__file__).resolve().parents[1] / "model_repository"
 DEFAULT_ARCH = {"text": "lara-text-news", "image": "lara-vit-fashion"}
 DEFAULT_INIT = {"text": "lara-text-news", "image": "none"}
 DEFAULT_BUDGET_MIN = 15.0

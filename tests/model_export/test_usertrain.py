@@ -314,3 +314,13 @@ def test_an_error_free_holdout_does_not_sharpen_the_temperature() -> None:
     _, cal, _, _ = serving_head(model, prep_with(wrong))
     assert cal["temperature"] > 1.0 and "note" not in cal
     assert ood["threshold"] > 0
+
+
+def test_config_names_a_shipped_init_by_its_name_not_this_checkouts_path(tmp_path: Path) -> None:
+    from model_export.userartifact import SHIPPED, init_record
+
+    assert init_record(None) == "none"
+    assert init_record(SHIPPED / "lara-text-news") == "lara-text-news"
+    own = tmp_path / "my-model"
+    assert init_record(own) == str(own)
+    assert init_record(Path("runs/my-model")) == "runs/my-model"
