@@ -63,7 +63,8 @@ class ViTConfig:
 
 @dataclass(frozen=True)
 class TextConfig:
-    """Byte-level (or small-vocabulary) encoder: one position per token, masked mean or attention pooling."""
+    """Byte-level (or small-vocabulary) encoder: one position per token, masked mean, attention or passage
+    readout."""
 
     arch: str = "text"
     vocab_size: int = 257  # byte + 1, 0 = pad
@@ -82,8 +83,11 @@ class TextConfig:
     word_buckets: int = 0
     word_dim: int = 0
     # "mean": the masked mean of the final token vectors; "attention": one learned score per token and
-    # head group (heads groups of dim / heads channels), softmax over the document's tokens, weighted sum.
-    pooling: Literal["mean", "attention"] = "mean"
+    # head group (heads groups of dim / heads channels), softmax over the document's tokens, weighted sum;
+    # "passages": the head reads each passage of passage_bytes tokens (its tokens' mean) and the document's
+    # logits are the log-mean-exp of the passages' logits (model_export.text.PassageReadout).
+    pooling: Literal["mean", "attention", "passages"] = "mean"
+    passage_bytes: int = 512
     # >0: a wide path beside the encoder (Wide & Deep): a linear head over hashed word 1-2-gram tf-idf
     # features in this many buckets, its logits added to the encoder's (model_export.text.TfidfHead).
     tfidf_buckets: int = 0
@@ -103,6 +107,9 @@ class TextConfig:
 
     def __post_init__(self) -> None:
         _one_of("positions", self.positions, ("sinusoidal", "conv"))
+        _one_of("pooling", self.pooling, ("mean", "attention", "passages"))
+        if self.passage_bytes < 1:
+            raise ValueError(f"passage_bytes must be at least 1, got {self.passage_bytes}")
 
 
 ModelConfig = ViTConfig | TextConfig

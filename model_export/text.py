@@ -267,6 +267,65 @@ class AttentionPool(nn.Module):
         return (w @ xs).reshape(b, d)  # [B, D]
 
 
+class PassageReadout(nn.Module):
+    """A readout that filler cannot dilute: the document is cut into passages of `size` tokens from its
+    first token, each passage is its tokens' mean, the classifier head scores every passage, and the
+    document's logits are the log-mean-exp of its passages' logits (per class, over real passages).
+
+    Why: with a mean (or near-uniform attention) over tokens, 20 KB of filler after a 3 KB article gives the
+    article an eighth of the vote. Here a passage that supports no class (all logits low) adds almost
+    nothing to any class's sum of exponentials, and the - log(passages) term moves every class alike, so it
+    leaves the probabilities unchanged: a passage that names its topic strongly speaks for the document
+    whatever surrounds it (a soft maximum over passages, as in multiple-instance learning). Parameter-free:
+    the head is the model's own. A document of no tokens reads one all-zero passage (the head's bias), as
+    the mean path's empty mean does.
+    """
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        if size < 1:
+            raise ValueError(f"passage size must be at least 1, got {size}")
+        self.size = size
+
+    def split(self, x: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+        """x [B, N, D], valid [B, N] bool -> (passage means [B, J, D], real [B, J] bool), J = ceil(N / size).
+
+        The batched form (traced graphs, GPU): rows must be right-padded, as the server pads them, so
+        that every row's grid starts at its first token (eager CPU cuts each document's own rows: `own`)."""
+        b, n, d = x.shape
+        pad = (self.size - n % self.size) % self.size
+        m = valid.to(x.dtype)
+        sums = nn.functional.pad(x * m[..., None], (0, 0, 0, pad)).reshape(b, -1, self.size, d).sum(2)
+        counts = nn.functional.pad(m, (0, pad)).reshape(b, -1, self.size).sum(2)  # [B, J]
+        real = counts > 0
+        real = torch.cat([torch.ones_like(real[:, :1]), real[:, 1:]], 1)  # the first passage always counts
+        return sums / counts.clamp_min(1.0)[..., None], real
+
+    def own(self, x: Tensor) -> Tensor:
+        """One document's own rows x [n, D] -> passage means [max(1, ceil(n / size)), D], by views (a 1 MiB
+        document's rows are 512 MiB: padding them would copy them)."""
+        n, d = x.shape
+        full = n // self.size
+        parts = [x[: full * self.size].view(full, self.size, d).mean(1)] if full else []
+        if n % self.size or not full:
+            tail = x[full * self.size :]
+            parts.append(tail.sum(0, keepdim=True) / max(tail.shape[0], 1))
+        return torch.cat(parts)
+
+    @staticmethod
+    def combine(z: Tensor, real: Tensor) -> Tensor:
+        """Passage logits z [B, J, C], real [B, J] -> document logits [B, C]: log-mean-exp over real passages."""
+        z = z.masked_fill(~real[..., None], torch.finfo(z.dtype).min)
+        return torch.logsumexp(z, 1) - torch.log(real.sum(1, keepdim=True).to(z.dtype))
+
+    @staticmethod
+    def weights(z: Tensor, real: Tensor) -> Tensor:
+        """Each passage's share of the document's evidence [B, J]: softmax over passages of logsumexp over
+        classes (the pooled feature of the out-of-distribution score weights passages by it)."""
+        s = torch.logsumexp(z, -1).masked_fill(~real, torch.finfo(z.dtype).min)
+        return torch.softmax(s, 1) * real.to(z.dtype)
+
+
 # Eager inputs shorter than this are right-padded to it (bitwise batch invariance, see forward_features).
 MIN_ROWS = 16
 
@@ -289,9 +348,10 @@ class TextEncoder(nn.Module):
             for i in range(cfg.depth)
         )
         self.norm = nn.LayerNorm(cfg.dim)
-        if cfg.pooling not in ("mean", "attention"):
-            raise ValueError(f"pooling must be 'mean' or 'attention', got {cfg.pooling!r}")
+        if cfg.pooling not in ("mean", "attention", "passages"):
+            raise ValueError(f"pooling must be 'mean', 'attention' or 'passages', got {cfg.pooling!r}")
         self.pool = AttentionPool(cfg.dim, cfg.heads) if cfg.pooling == "attention" else None
+        self.passages = PassageReadout(cfg.passage_bytes) if cfg.pooling == "passages" else None
         self.head = nn.Linear(cfg.dim, cfg.num_classes)
         init_weights(self)
         # After init_weights, which would redraw the wide weights (they start at zero).
@@ -337,8 +397,11 @@ class TextEncoder(nn.Module):
         return self.norm(x)  # [B, N, D]
 
     def forward_pooled(self, x: Tensor, attention_mask: Tensor) -> Tensor:
-        """Final token vectors x [B, N, D] -> the document vector the head reads [B, D]."""
+        """Final token vectors x [B, N, D] -> the document vector the head reads [B, D] (passage readout: the
+        passages' means weighted by their share of the evidence, `PassageReadout.weights`)."""
         valid = attention_mask > 0
+        if self.passages is not None:
+            return self._passage_pooled(x, valid)
         if not x.is_cpu or tracing():  # the batched form (GPU: no per-row host syncs)
             if self.pool is not None:
                 return self.pool(x, valid)
@@ -358,7 +421,33 @@ class TextEncoder(nn.Module):
                 rows.append(own.sum(0, keepdim=True) / max(own.shape[0], 1))  # [1, D]
         return torch.cat(rows)  # [B, D]
 
+    def _passage_parts(self, x: Tensor, valid: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """(passage means [1, J, D], passage logits [1, J, C]) per document; batched in traced graphs and
+        on GPU (one entry for the whole batch, [B, J, .]), else each document's own rows (bitwise the same
+        alone and in any padded batch, as forward_pooled's eager path)."""
+        assert self.passages is not None
+        if not x.is_cpu or tracing():
+            p, real = self.passages.split(x, valid)
+            return [(p, real)]
+        out = []
+        for i in range(x.shape[0]):
+            own = x[i] if bool(valid[i].all()) else x[i][valid[i]]
+            p = self.passages.own(own)[None]  # [1, J, D]
+            out.append((p, torch.ones(p.shape[:2], dtype=torch.bool, device=p.device)))
+        return out
+
+    def _passage_pooled(self, x: Tensor, valid: Tensor) -> Tensor:
+        assert self.passages is not None
+        rows = []
+        for p, real in self._passage_parts(x, valid):
+            w = self.passages.weights(self.head(p), real)  # [b, J]
+            rows.append((w[:, None, :] @ p).squeeze(1))  # [b, D]
+        return torch.cat(rows)
+
     def forward_head(self, x: Tensor, attention_mask: Tensor) -> Tensor:
+        if self.passages is not None:
+            parts = self._passage_parts(x, attention_mask > 0)
+            return torch.cat([self.passages.combine(self.head(p), real) for p, real in parts]).float()
         pooled = self.forward_pooled(x, attention_mask)  # [B, D]
         if not x.is_cpu or tracing():
             return self.head(pooled).float()

@@ -81,7 +81,7 @@ def test_attention_pooling_round_trips_through_save_export_and_load(tmp_path) ->
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"pooling": "max"}, "pooling must be 'mean' or 'attention'"),
+        ({"pooling": "max"}, r"pooling must be one of \('mean', 'attention', 'passages'\), got 'max'"),
         ({"pooling": "attention", "heads": 3}, "divisible"),
     ],
 )
