@@ -1,6 +1,9 @@
 """Selection check for a retrained news model, on the 150-document HOLDOUT only (never the test split).
 
     python -m research.news_holdout_check runs/news-r4 model_repository/lara-text-news
+    python -m research.news_holdout_check --dataset brown runs/genre-r1 model_repository/lara-text-genre
+
+(--dataset brown: the same cases on the genre model's 40-text Brown holdout.)
 
 Cases: clean, upper-cased, + 10 KB of lorem ipsum appended / prepended, + 10 KB of C header text appended,
 + 20 KB of lorem ipsum appended. Lorem ipsum and C headers stand for filler that no training source holds
@@ -9,6 +12,7 @@ Cases: clean, upper-cased, + 10 KB of lorem ipsum appended / prepended, + 10 KB 
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import sys
@@ -54,10 +58,14 @@ def cases(texts: list[str]) -> dict[str, list[bytes]]:
 
 
 def main(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", choices=["news", "brown"], default="news", help="whose holdout (default news)")
+    p.add_argument("model_dirs", nargs="+")
+    args = p.parse_args(argv)
     torch.set_num_threads(1)
-    texts, labels = text_docs("news", "val")
+    texts, labels = text_docs(args.dataset, "val")
     docs = cases(list(texts))
-    for model_dir in argv:
+    for model_dir in args.model_dirs:
         model = load_pretrained(model_dir)
         acc = {k: round(accuracy_on(model, v, labels, batch_size=8), 4) for k, v in docs.items()}
         print(model_dir, json.dumps(acc), flush=True)

@@ -77,3 +77,26 @@ def test_reliability_diagram_is_written(tmp_path) -> None:
     probs = np.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4]])
     path = reliability_diagram(probs, np.array([0, 1, 1]), tmp_path / "r.png", title="t")
     assert path.stat().st_size > 5000 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_ece_floor_of_a_perfectly_calibrated_model_by_hand() -> None:
+    from model_export.calibration import ece_floor
+
+    # certain and right every time: nothing to miss
+    assert ece_floor(np.ones(50)) == {"mean": 0.0, "p95": 0.0}
+    # one item at 0.5: right or wrong, |1 - 0.5| = |0 - 0.5| = 0.5 every draw
+    assert ece_floor(np.array([0.5])) == {"mean": 0.5, "p95": 0.5}
+    # two items at 0.5 in one bin: 0, 1 or 2 right with prob. 1/4, 1/2, 1/4 -> ECE 0.5, 0, 0.5; mean 0.25
+    floor = ece_floor(np.array([0.5, 0.5]), draws=20000)
+    assert abs(floor["mean"] - 0.25) < 0.01 and floor["p95"] == 0.5
+    # more items, smaller floor: the binned estimate's noise shrinks about as 1 / sqrt(N)
+    conf = np.random.default_rng(1).uniform(0.4, 1.0, 1000)
+    assert ece_floor(conf[:100])["mean"] > 2 * ece_floor(conf)["mean"] > 0
+
+
+def test_ece_floor_refuses_what_is_not_confidences() -> None:
+    from model_export.calibration import ece_floor
+
+    for bad in (np.array([]), np.array([1.2]), np.ones((2, 2))):
+        with pytest.raises(ValueError, match="confidences in"):
+            ece_floor(bad)
