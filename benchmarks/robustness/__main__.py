@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import environment
-from benchmarks.robustness import perturb, report, sources
+from benchmarks.robustness import perturb, report, runners, sources
 from benchmarks.robustness.image_suite import ImageSettings, run_image
-from benchmarks.robustness.runners import REPOSITORY, OnnxImage, OnnxText, load_config
+from benchmarks.robustness.runners import OnnxImage, OnnxText, load_config
 from benchmarks.robustness.text_suite import TextSettings, run_text
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
@@ -34,6 +34,8 @@ QUICK = {"limit": 40, "filler_docs": 20, "filler_sources": ["lorem", "licence"],
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=None, help="shipped models (default: all in model_repository/)")
+    p.add_argument("--repository", type=Path, default=None, help="read the models from this folder instead of "
+                   "model_repository/ (a candidate exported and finalized there, before it is shipped)")  # fmt: skip
     p.add_argument("--limit", type=int, default=None, help="a seeded slice of each test split (docs or images)")
     p.add_argument("--quick", action="store_true", help="small slices and few variants (a smoke run)")
     p.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads")
@@ -76,7 +78,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _models(names: list[str] | None) -> list[str]:
-    available = sorted(p.parent.parent.name for p in REPOSITORY.glob("*/1/model.onnx"))
+    available = sorted(p.parent.parent.name for p in runners.REPOSITORY.glob("*/1/model.onnx"))
     unknown = sorted(set(names or []) - set(available))
     if unknown:
         raise SystemExit(f"unknown model(s) {unknown}; shipped: {available}")
@@ -147,7 +149,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         write(results, args.out, args.name, command)
         return results
     command = "python -m benchmarks.robustness " + shlex.join(argv if argv is not None else sys.argv[1:])
-    results = run(args, done=lambda r: write(r, args.out, args.name, command))
+    shipped = runners.REPOSITORY
+    if args.repository is not None:
+        runners.REPOSITORY = args.repository.resolve()  # the runners read the module's folder at call time
+    try:
+        results = run(args, done=lambda r: write(r, args.out, args.name, command))
+    finally:
+        runners.REPOSITORY = shipped
     print(report.short_table(results))
     return results
 

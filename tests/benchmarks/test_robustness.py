@@ -151,3 +151,14 @@ def test_suite_on_a_small_slice(tmp_path, monkeypatch):
     md = (tmp_path / "t.md").read_text()
     assert "| lara-text-news | upper-cased |" in md and "| lara-vit-fashion | rotated 15 degrees |" in md
     assert (tmp_path / "t_filler.png").stat().st_size > 10_000 and (tmp_path / "t_calibration.png").is_file()
+
+
+def test_repository_option_reads_models_from_another_folder_and_restores_the_shipped_one(tmp_path):
+    from benchmarks.robustness import runners
+
+    shipped = runners.REPOSITORY
+    (tmp_path / "candidate" / "1").mkdir(parents=True)
+    (tmp_path / "candidate" / "1" / "model.onnx").write_bytes(b"")
+    with pytest.raises(SystemExit, match=r"unknown model\(s\) \['lara-text-news'\]; shipped: \['candidate'\]"):
+        suite.main(["--repository", str(tmp_path), "--models", "lara-text-news", "--out", str(tmp_path)])
+    assert shipped == runners.REPOSITORY
