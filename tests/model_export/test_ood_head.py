@@ -90,10 +90,11 @@ def test_serving_model_divides_logits_and_adds_the_score() -> None:
     assert score.shape == (3,) and bool((score >= 0).all())
 
 
-def test_serving_head_saves_loads_and_exports_with_parity(tmp_path) -> None:
+@pytest.mark.parametrize("readout", [{}, {"pooling": "passages", "passage_bytes": 16}])
+def test_serving_head_saves_loads_and_exports_with_parity(tmp_path, readout: dict) -> None:
     from model_export.registry import LABELS
 
-    model = create_model("tiny-text").eval()
+    model = create_model("tiny-text", **readout).eval()
     serving = _fitted(model, 1.7)
     conf = ex.make_config_dict("tiny-text", model.cfg, LABELS["tiny-text"], seed=0, metrics={})
     ex.save_pretrained(model, conf, tmp_path)
