@@ -130,10 +130,6 @@ EQUIVALENT: dict[str, str] = {
         "this branch runs only when the worker finished, so the batch thread is idle: it exits at once whether "
         "shutdown waits for it or not; busy() and every answer are the same"
     ),
-    "server.batcher:Batcher._estimate_s:* -> /:return self.cost.estimate_s(max(e.length for e in batch) * len(batch))#0": (
-        "dead code: `_estimate_s` has no caller since issue 36 moved the deadline rule to "
-        "`_late_reason` and server.batch_cost"
-    ),
     "server.batcher:Batcher._expire:return x -> return None:return False#0": (
         "the only caller tests the result for truth (`if self._expire(batch)`): None and False are alike"
     ),
