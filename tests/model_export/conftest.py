@@ -64,3 +64,14 @@ def export_round_trip(model: torch.nn.Module, model_dir) -> torch.nn.Module:
     rows = ex.measure_parity(loaded, loaded.cfg, ex.make_session(model_dir / "1" / ex.ONNX_FILE))
     assert rows and all(r["max_abs_diff"] <= ex.PARITY_ATOL and r["argmax_equal"] for r in rows), rows
     return loaded
+
+
+def padded_batch(docs: list[torch.Tensor], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded (input_ids, attention_mask) [len(docs), width] of 1-D id tensors, with content (id 99)
+    under the first row's mask past position 40: a model that reads padding would show it."""
+    ids = torch.zeros(len(docs), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, d in enumerate(docs):
+        ids[i, : len(d)], mask[i, : len(d)] = d, 1
+    ids[0, 40:] = torch.where(mask[0, 40:] > 0, ids[0, 40:], 99)
+    return ids, mask

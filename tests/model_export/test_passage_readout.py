@@ -12,7 +12,7 @@ import torch
 from model_export import create_model, long_forward
 from model_export import text as text_mod
 from model_export.text import PassageReadout
-from tests.model_export.conftest import export_round_trip
+from tests.model_export.conftest import export_round_trip, padded_batch
 
 
 def tiny(size: int = 8) -> torch.nn.Module:
@@ -57,11 +57,7 @@ def test_a_documents_logits_do_not_depend_on_padding_or_batch() -> None:
     """Eager CPU cuts each document's own rows, so alone, padded or batched it is bitwise the same."""
     model = tiny(8)
     docs = [torch.randint(1, 257, (n,)) for n in (30, 7, 55, 16)]
-    ids = torch.zeros(4, 64, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, d in enumerate(docs):
-        ids[i, : len(d)], mask[i, : len(d)] = d, 1
-    ids[0, 40:] = 99  # content under the mask
+    ids, mask = padded_batch(docs, 64)  # content under the first row's mask
     with torch.no_grad():
         batched = model(ids, mask)
         pooled = model.forward_pooled(model.forward_features(ids, mask), mask)

@@ -8,7 +8,7 @@ import torch
 
 from model_export import create_model
 from model_export.text import AttentionPool
-from tests.model_export.conftest import export_round_trip
+from tests.model_export.conftest import export_round_trip, padded_batch
 
 
 def reference_pool(pool: AttentionPool, x: torch.Tensor, n: int) -> torch.Tensor:
@@ -57,11 +57,7 @@ def test_a_documents_logits_do_not_depend_on_padding_or_batch() -> None:
     torch.manual_seed(0)
     model = create_model("tiny-text", pooling="attention", attention={"eval_noise": "fixed"}).eval()
     docs = [torch.randint(1, 257, (n,)) for n in (30, 7, 55)]
-    ids = torch.zeros(3, 60, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, d in enumerate(docs):
-        ids[i, : len(d)], mask[i, : len(d)] = d, 1
-    ids[0, 40:] = 99  # content under the mask
+    ids, mask = padded_batch(docs, 60)  # content under the first row's mask
     with torch.no_grad():
         batched = model(ids, mask)
         for i, d in enumerate(docs):
