@@ -124,14 +124,16 @@ def test_recorded_command_reads_back_to_the_same_settings(argv: list[str]) -> No
 
 
 def test_init_from_names_unused_tensors_and_differing_settings(capsys) -> None:
-    """The shipped news model pools by attention with case folding; initialising the registry's (mean-pooling)
-    architecture from it must say so, not load silently."""
+    """The shipped news model reads passages with case folding; initialising the registry's (mean-pooling)
+    architecture, or an attention-pooling one, from it must say so, not load silently."""
     from pathlib import Path
 
     src = Path(__file__).resolve().parents[2] / "model_repository" / "lara-text-news"
     train._init_from(me.create_model("lara-text-news"), src)
     out = capsys.readouterr().out
-    assert "not used: ['pool.score.bias', 'pool.score.weight']" in out
-    assert "case_fold True -> False" in out and "pooling 'attention' -> 'mean'" in out
+    assert "case_fold True -> False" in out and "pooling 'passages' -> 'mean'" in out
     train._init_from(me.create_model("lara-text-news", case_fold=True, pooling="attention"), src)
+    out = capsys.readouterr().out
+    assert "fresh: ['pool.score.bias', 'pool.score.weight']" in out and "pooling 'passages' -> 'attention'" in out
+    train._init_from(me.create_model("lara-text-news", case_fold=True, pooling="passages"), src)
     assert "warning" not in capsys.readouterr().out
