@@ -348,8 +348,6 @@ class TextEncoder(nn.Module):
             for i in range(cfg.depth)
         )
         self.norm = nn.LayerNorm(cfg.dim)
-        if cfg.pooling not in ("mean", "attention", "passages"):
-            raise ValueError(f"pooling must be 'mean', 'attention' or 'passages', got {cfg.pooling!r}")
         self.pool = AttentionPool(cfg.dim, cfg.heads) if cfg.pooling == "attention" else None
         self.passages = PassageReadout(cfg.passage_bytes) if cfg.pooling == "passages" else None
         self.head = nn.Linear(cfg.dim, cfg.num_classes)
@@ -422,7 +420,7 @@ class TextEncoder(nn.Module):
         return torch.cat(rows)  # [B, D]
 
     def _passage_parts(self, x: Tensor, valid: Tensor) -> list[tuple[Tensor, Tensor]]:
-        """(passage means [1, J, D], passage logits [1, J, C]) per document; batched in traced graphs and
+        """(passage means [1, J, D], real passages [1, J]) per document; batched in traced graphs and
         on GPU (one entry for the whole batch, [B, J, .]), else each document's own rows (bitwise the same
         alone and in any padded batch, as forward_pooled's eager path)."""
         assert self.passages is not None
