@@ -142,10 +142,10 @@ class ServingModel(nn.Module):
 class TextServingModel(ServingModel):
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
         x = self.model.forward_features(input_ids, attention_mask)  # [B, N, D]
-        logits = self.model.forward_head(x, attention_mask)  # [B, C]
+        logits, pooled = self.model.forward_readout(x, attention_mask)  # [B, C], [B, D]
         if getattr(self.model, "tfidf", None) is not None:
             logits = logits + self.model.forward_wide(input_ids, attention_mask)
-        feature = self.ood(self.model.forward_pooled(x, attention_mask))
+        feature = self.ood(pooled)
         inp = None if self.input_score is None else self.input_score(input_ids, attention_mask)
         return logits / self.temperature, self.combine(feature, inp)
 

@@ -397,9 +397,9 @@ class TextEncoder(nn.Module):
     def forward_pooled(self, x: Tensor, attention_mask: Tensor) -> Tensor:
         """Final token vectors x [B, N, D] -> the document vector the head reads [B, D] (passage readout: the
         passages' means weighted by their share of the evidence, `PassageReadout.weights`)."""
-        valid = attention_mask > 0
         if self.passages is not None:
-            return self._passage_pooled(x, valid)
+            return self.forward_readout(x, attention_mask)[1]
+        valid = attention_mask > 0
         if not x.is_cpu or tracing():  # the batched form (GPU: no per-row host syncs)
             if self.pool is not None:
                 return self.pool(x, valid)
@@ -434,18 +434,23 @@ class TextEncoder(nn.Module):
             out.append((p, torch.ones(p.shape[:2], dtype=torch.bool, device=p.device)))
         return out
 
-    def _passage_pooled(self, x: Tensor, valid: Tensor) -> Tensor:
-        assert self.passages is not None
-        rows = []
-        for p, real in self._passage_parts(x, valid):
-            w = self.passages.weights(self.head(p), real)  # [b, J]
-            rows.append((w[:, None, :] @ p).squeeze(1))  # [b, D]
-        return torch.cat(rows)
+    def forward_readout(self, x: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+        """(logits [B, C] float32, the pooled document vector [B, D]) of final token vectors x [B, N, D]: what
+        the serving head needs (the logits and the out-of-distribution score's feature) from one pass over the
+        passages, whose means and head scores both read."""
+        if self.passages is None:
+            return self.forward_head(x, attention_mask), self.forward_pooled(x, attention_mask)
+        logits, pooled = [], []
+        for p, real in self._passage_parts(x, attention_mask > 0):
+            z = self.head(p)  # [b, J, C]
+            logits.append(self.passages.combine(z, real))
+            w = self.passages.weights(z, real)  # [b, J]
+            pooled.append((w[:, None, :] @ p).squeeze(1))  # [b, D]
+        return torch.cat(logits).float(), torch.cat(pooled)
 
     def forward_head(self, x: Tensor, attention_mask: Tensor) -> Tensor:
         if self.passages is not None:
-            parts = self._passage_parts(x, attention_mask > 0)
-            return torch.cat([self.passages.combine(self.head(p), real) for p, real in parts]).float()
+            return self.forward_readout(x, attention_mask)[0]
         pooled = self.forward_pooled(x, attention_mask)  # [B, D]
         if not x.is_cpu or tracing():
             return self.head(pooled).float()

@@ -53,6 +53,34 @@ def test_logits_match_a_float64_reference(n: int) -> None:
     torch.testing.assert_close(got.double(), reference_logits(model, x, 8), rtol=1e-5, atol=5e-5)
 
 
+def reference_pooled(model: torch.nn.Module, x: torch.Tensor, size: int) -> torch.Tensor:
+    """Float64 loops: the out-of-distribution feature of one document x [n, D], its passages' means weighted
+    by the softmax over passages of each passage's log-sum-exp over classes."""
+    w, b = model.head.weight.double(), model.head.bias.double()
+    means = [x[s : s + size].double().mean(0) for s in (range(0, x.shape[0], size) or [0])]
+    scores = [torch.logsumexp(m @ w.T + b, 0) for m in means]
+    top = max(float(v) for v in scores)
+    e = [math.exp(float(v) - top) for v in scores]
+    return sum(ei / sum(e) * m for ei, m in zip(e, means, strict=True))
+
+
+@pytest.mark.parametrize("n", [1, 9, 53])
+def test_the_readout_gives_logits_and_pooled_feature_in_one_pass(n: int) -> None:
+    """forward_readout (what the serving head runs) against the float64 loops, and equal to forward_head and
+    forward_pooled called apart."""
+    model = tiny(8)
+    ids = torch.randint(1, 257, (1, n))
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        x = model.forward_features(ids, mask)
+        logits, pooled = model.forward_readout(x, mask)
+        apart = model.forward_head(x, mask), model.forward_pooled(x, mask)
+    torch.testing.assert_close(logits[0].double(), reference_logits(model, x[0], 8), rtol=1e-5, atol=5e-5)
+    # weights from x30 head scores: a 1e-6 change of a score moves a weight by ~1e-6; means are order 1
+    torch.testing.assert_close(pooled[0].double(), reference_pooled(model, x[0], 8), rtol=1e-5, atol=2e-5)
+    torch.testing.assert_close((logits, pooled), apart, rtol=0, atol=0)
+
+
 def test_a_documents_logits_do_not_depend_on_padding_or_batch() -> None:
     """Eager CPU cuts each document's own rows, so alone, padded or batched it is bitwise the same."""
     model = tiny(8)
