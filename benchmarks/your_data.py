@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -64,7 +65,7 @@ def train_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
     out, log = args.work / "models" / name, args.work / f"{name}.log"
     cmd = [sys.executable, "-m", "clients", "train", str(data), "--out", str(out), "--time-budget",
            str(args.budget), "--clock", "cpu", "--threads", str(args.threads), "--seed", str(args.seed),
-           "--overwrite", "--json-lines"]  # fmt: skip
+           "--overwrite", "--json-lines", *shlex.split(args.train_args)]  # fmt: skip
     t0 = time.perf_counter()
     with log.open("w") as f:
         f.write(" ".join(cmd) + "\n")
@@ -112,9 +113,10 @@ def summarize(name: str, out: Path) -> dict[str, Any]:
     return row
 
 
-def markdown(rows: list[dict[str, Any]], budget: float) -> str:
+def markdown(rows: list[dict[str, Any]], budget: float, train_args: str = "") -> str:
+    recipe = f"`{train_args}`" if train_args else "default recipe"
     lines = [
-        f"`lara train` at a {budget:g}-minute CPU budget (1 thread), default recipe, against its baseline on the "
+        f"`lara train` at a {budget:g}-minute CPU budget (1 thread), {recipe}, against its baseline on the "
         "same test split (95% Wilson intervals; the difference paired, 95% bootstrap).",
         "",
         "| set | examples (test) | LARA accuracy | baseline accuracy | LARA - baseline | macro-F1 LARA / baseline "
@@ -186,6 +188,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", type=Path, default=Path("runs/your_data"))
     p.add_argument("--name", default="your_data")
+    p.add_argument("--train-args", default="", help='more `lara train` options, e.g. "--pooling passages"')
     p.add_argument("--report-only", action="store_true", help="summarize finished runs under --work")
     args = p.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
@@ -196,10 +199,11 @@ def main(argv: list[str] | None = None) -> None:
             rows = list(pool.map(lambda s: train_one(s, args), args.sets))
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps({"budget_min": args.budget, "clock": "cpu",
-                                                            "threads": args.threads, "rows": rows}, indent=2) + "\n")  # fmt: skip
-    (RESULTS / f"{args.name}.md").write_text(markdown(rows, args.budget))
+                                                            "threads": args.threads, "train_args": args.train_args,
+                                                            "rows": rows}, indent=2) + "\n")  # fmt: skip
+    (RESULTS / f"{args.name}.md").write_text(markdown(rows, args.budget, args.train_args))
     chart(rows, RESULTS / f"{args.name}.png")
-    print(markdown(rows, args.budget))
+    print(markdown(rows, args.budget, args.train_args))
 
 
 if __name__ == "__main__":

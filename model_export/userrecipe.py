@@ -1,5 +1,6 @@
 """The robust text recipe of `lara train`, as the shipped lara-text-news was trained (its config.json's
-"model" and "training" sections): case folding in the graph, attention pooling, and label-preserving noise
+"model" and "training" sections): case folding in the graph, a filler-resistant readout (attention pooling,
+or --pooling passages as the shipped model reads now), and label-preserving noise
 plus unrelated filler on every training window (model_export.augment.TextAugment).
 
 A user's documents reach the server in shapes the training file rarely shows: upper-cased, re-wrapped,
@@ -22,11 +23,21 @@ from model_export.config import TextConfig
 from model_export.train import LENGTH_MIX
 
 # The encoder's side of the recipe: fixed by the architecture, so the exported graph carries it.
+# --pooling chooses the readout (model_export.config.TextConfig.pooling); passages take the shipped
+# lara-text-news model's passage_bytes (512) unless --init's model says otherwise.
+POOLINGS = ("attention", "passages", "mean")
 POOLING = "attention"
-RECIPE = (
-    "robust text (model_export.userrecipe): attention pooling, case folding unless --no-case-fold, "
-    "TextAugment on every training window unless --no-augment"
-)
+
+
+def recipe_line(pooling: str = POOLING) -> str:
+    """config.json's training.recipe: what the robust recipe did to this model."""
+    return (
+        f"robust text (model_export.userrecipe): {pooling} pooling, case folding unless --no-case-fold, "
+        "TextAugment on every training window unless --no-augment"
+    )
+
+
+RECIPE = recipe_line()
 
 
 def length_mix(max_length: int) -> dict[str, Any]:
@@ -41,9 +52,11 @@ def length_mix(max_length: int) -> dict[str, Any]:
     return mix
 
 
-def text_config(cfg: TextConfig, case_fold: bool = True) -> TextConfig:
+def text_config(cfg: TextConfig, case_fold: bool = True, pooling: str = POOLING) -> TextConfig:
     """`cfg` with the recipe's pooling and case folding (whatever the --init model or --arch had)."""
-    return dataclasses.replace(cfg, pooling=POOLING, case_fold=case_fold)
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
+    return dataclasses.replace(cfg, pooling=pooling, case_fold=case_fold)
 
 
 def text_augment(max_length: int, enabled: bool = True) -> TextAugment | None:

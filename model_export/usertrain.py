@@ -77,6 +77,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-augment", action="store_true", help="no augmentation: text, no casing / whitespace / "
                    "markup / typo noise and no unrelated filler (model_export.augment); images, no crop / flip")  # fmt: skip
     p.add_argument("--no-case-fold", action="store_true", help="text: keep letter case (default: folded in the graph)")
+    p.add_argument("--pooling", choices=recipe.POOLINGS, default=recipe.POOLING, help="text: how the encoder "
+                   "reads a document out: attention (learned token weights), passages (each 512-byte passage "
+                   "scored, log-mean-exp over them: filler cannot dilute it), mean")  # fmt: skip
     p.add_argument("--no-wide", action="store_true", help="text: the encoder alone, without the wide path (hashed "
                    "word 1-2-gram tf-idf + logistic regression, fitted first and blended on the holdout)")  # fmt: skip
     p.add_argument("--no-baseline", action="store_true", help="skip the plain baseline")
@@ -126,7 +129,7 @@ def build(args: argparse.Namespace, task: str, labels: list[str], image: tuple[i
         raise UsageError(f"the architecture ({cfg.arch}) does not fit {task} data; choose --arch / --init")
     if isinstance(cfg, TextConfig):
         cfg = dataclasses.replace(cfg, num_classes=len(labels), max_length=args.max_length or cfg.max_length)
-        cfg = recipe.text_config(cfg, case_fold=not args.no_case_fold)
+        cfg = recipe.text_config(cfg, case_fold=not args.no_case_fold, pooling=args.pooling)
         wide = 0 if args.no_wide else userwide.wide_buckets(len(labels))
         cfg = dataclasses.replace(cfg, tfidf_buckets=wide, tfidf_utf8=bool(wide))
     else:
@@ -221,7 +224,7 @@ def prepare(args: argparse.Namespace) -> Prepared:
         train_task.text_augment = None if aug is None else recipe.capped(aug, cfg.max_length)
         hold_raws, test_raws = [data.texts[i] for i in split.holdout], [test.texts[i] for i in test_idx]
         hold_fn = lambda m: _text_logits(m, hold_raws, cfg.max_length)  # noqa: E731
-        hp = {**DEFAULTS["news"], "length_mix": mix, "recipe": recipe.RECIPE, "augment": not args.no_augment,
+        hp = {**DEFAULTS["news"], "length_mix": mix, "recipe": recipe.recipe_line(cfg.pooling), "augment": not args.no_augment,
               "text_augment": recipe.augment_record(aug)}  # fmt: skip
         # The out-of-distribution fit reads training documents whole and as heads (what head-truncating
         # clients send), as model_export.finalize does for the shipped models.

@@ -61,6 +61,8 @@ def test_summary_and_table_of_a_finished_run(tmp_path: Path) -> None:
     assert "| worse | 43 (10) | 80.0% (49.0-94.3) | 100.0% (72.2-100.0) | -20.0" in table
     assert "| broken | exit 2 |" in table and "15-minute" in table
     assert table.splitlines()[4].endswith("| 4 | - | tfidf |")  # the baseline named on its row; no parts
+    assert "default recipe" in table
+    assert "`--pooling passages`" in yd.markdown([level], 15, "--pooling passages")  # what the run changed
 
 
 def test_the_parts_of_a_wide_and_deep_model_are_tabled(tmp_path: Path) -> None:

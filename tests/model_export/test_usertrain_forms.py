@@ -91,6 +91,24 @@ def test_init_from_a_shipped_encoder_with_the_recipes_pooling(tmp_path: Path, in
             assert torch.equal(own[name], source[name]), name
 
 
+def test_pooling_passages_takes_the_shipped_news_readout_whole(tmp_path: Path) -> None:
+    """--pooling passages from lara-text-news (which reads passages): only the head and the wide path start
+    fresh, the passage size is the shipped one, and config.json's recipe line names the readout."""
+    if not (SHIPPED / "lara-text-news" / "1" / "model.safetensors").is_file():
+        pytest.skip("the shipped lara-text-news is not here")
+    write_texts(tmp_path / "d.jsonl")
+    argv = [str(tmp_path / "d.jsonl"), "--out", str(tmp_path / "m"), "--init", "lara-text-news"]
+    prep = _prepare([*argv, "--pooling", "passages"])
+    shipped = json.loads((SHIPPED / "lara-text-news" / "config.json").read_text())["model"]
+    assert prep.cfg.pooling == "passages" and prep.cfg.passage_bytes == shipped["passage_bytes"]
+    assert prep.model.passages is not None and prep.model.pool is None
+    assert prep.hp["init_tensors"]["fresh"] == ["head.bias", "head.weight", "tfidf.idf", "tfidf.weight"]
+    assert prep.hp["recipe"].startswith("robust text (model_export.userrecipe): passages pooling")
+    assert _prepare([*argv, "--pooling", "mean"]).model.pool is None
+    with pytest.raises(SystemExit):
+        _prepare([*argv, "--pooling", "max"])  # argparse names the choices
+
+
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("forms")
