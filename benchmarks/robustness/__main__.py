@@ -28,7 +28,8 @@ from benchmarks.robustness.text_suite import TextSettings, run_text
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 # --quick: a smoke run in about a minute (small slices, two filler sources at two sizes)
 QUICK = {"limit": 40, "filler_docs": 20, "filler_sources": ["lorem", "licence"], "filler_kb": [1, 10],
-         "variants": ["upper", "typos"], "ood_items": 20, "sotu": 5, "cnn_budget": 20.0}  # fmt: skip
+         "variants": ["upper", "typos"], "ood_items": 20, "sotu": 5, "new_source": 10,
+         "cnn_budget": 20.0}  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -57,6 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--ood-items", type=int, default=100, help="items per out-of-domain set")
     p.add_argument("--sotu", type=int, default=40, help="State of the Union addresses (the latest N; 0 skips)")
+    p.add_argument("--new-source", type=int, default=60,
+                   help="lara-text-genre: BBC News test articles read as press, a known class from a new source (0 skips)")  # fmt: skip
     p.add_argument(
         "--cnn-budget", type=float, default=None, help="CNN anchor training seconds (default: the ViT's training time)"
     )
@@ -70,9 +73,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         for key, value in QUICK.items():
             if getattr(args, key) == p.get_default(key):
                 setattr(args, key, value)
-    for key in ("limit", "docs", "genre_docs", "images", "filler_docs", "genre_filler_docs", "ood_items"):
+    counts = ("limit", "docs", "genre_docs", "images", "filler_docs", "genre_filler_docs", "ood_items", "new_source")
+    for key in counts:
         value = getattr(args, key)
-        if value is not None and value < (0 if "filler" in key else 1):
+        if value is not None and value < (0 if "filler" in key or key == "new_source" else 1):
             p.error(f"--{key.replace('_', '-')} must be positive, got {value}")
     return args
 
@@ -108,7 +112,7 @@ def run(args: argparse.Namespace, done: Callable[[dict[str, Any]], None] = lambd
             ts = TextSettings(
                 limit=args.limit, docs=nv, filler_docs=nf, filler_sources=tuple(args.filler_sources),
                 filler_kb=tuple(args.filler_kb), positions=tuple(args.positions), variants=tuple(args.variants),
-                ood_items=args.ood_items, sotu=args.sotu, seed=args.seed,
+                ood_items=args.ood_items, sotu=args.sotu, new_source=args.new_source, seed=args.seed,
             )  # fmt: skip
             results["models"][name] = run_text(model, ts, log)
             results["models"][name]["settings"] = {

@@ -44,6 +44,11 @@ def _text_rows(name: str, r: dict[str, Any]) -> list[list[str]]:
     ]
     if "upper" in c:
         rows.append([name, "upper-cased", _fmt(c["upper"]["model"]), _fmt(c["upper"]["anchor"])])
+    if "new_source" in r:
+        ns = r["new_source"]
+        for key, label in (("first_2kb", "first 2 KB"), ("whole", "whole")):
+            rows.append([name, f"BBC News (new source), {label}: {ns['label']}", _fmt(ns[key]["model"]),
+                         _fmt(ns[key]["anchor"])])  # fmt: skip
     if not r.get("filler") and "sotu" not in r:
         return rows  # the genre model: the two rows above; its calibration and OOD rows are in the long tables
     for pos, kb in (("append", 10), (None, 20)):
@@ -103,9 +108,19 @@ def long_tables(results: dict[str, Any]) -> str:
         for k, v in r.get("sotu", {}).items():
             if isinstance(v, dict):
                 rows.append([f"sotu {k} (politics)", str(v["model"]["n"]), _fmt(v["model"]), _fmt(v["anchor"])])
+        ns = r.get("new_source", {})
+        for k in ("first_2kb", "whole"):
+            if k in ns:
+                v = ns[k]
+                rows.append(
+                    [f"BBC News {k} ({ns['label']})", str(v["model"]["n"]), _fmt(v["model"]), _fmt(v["anchor"])]
+                )
         out.append(f"### {name} (anchor: {anchor})\n\n" + _table(rows, ["case", "n", "model %", f"{anchor} %"]))
+        ood = dict(r["ood"])
+        if "ood" in ns:  # shown for what the ood score does with it; not an out-of-domain set (worst AUROC skips it)
+            ood[f"BBC News ({ns['label']} from a new source; not counted)"] = ns["ood"]
         ood_rows = []
-        for k, v in r["ood"].items():
+        for k, v in ood.items():
             ood_rows.append([k, str(v["n"]), _fmt(v.get("model_auroc_ood"), False), _fmt(v["model_auroc_msp"], False),
                              _fmt(v["anchor_auroc_msp"], False), _fmt(v.get("flagged_out")),
                              f"{v['model_mean_top_prob']:.2f} / {v['anchor_mean_top_prob']:.2f}"])  # fmt: skip

@@ -1,10 +1,13 @@
 """The text half of the suite: one shipped text model beside its TF-IDF anchor.
 
 Cases (accuracy, model and anchor on the same bytes): clean test split; case, whitespace, markup and typo
-variants; filler of each size from each evaluation source appended, prepended and interleaved; for the news
-model, State of the Union addresses (a new source of a known topic, label politics) read to growing lengths.
-Out-of-domain sets against the clean test items: AUROC of ood_score (when the graph has it) and of
-1 - max probability (every model and the anchor), and the share the model flags out of distribution.
+variants; filler of each size from each evaluation source appended, prepended and interleaved; a new source of
+a known class: for the news model, State of the Union addresses (label politics) read to growing lengths; for
+the genre model, BBC News articles (label press: Brown's press reportage from another country and decade),
+first 2 KB and whole. Out-of-domain sets against the clean test items: AUROC of ood_score (when the graph has
+it) and of 1 - max probability (every model and the anchor), and the share the model flags out of
+distribution. BBC News is not among them for the genre model: it is its press class from a new source (its
+ood figures are kept beside the new-source accuracy).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class TextSettings:
     variants: tuple[str, ...] = perturb.TEXT_VARIANTS
     ood_items: int = 100
     sotu: int = 40  # the latest N addresses; 0 skips
+    new_source: int = 60  # genre model: BBC News test articles as press; 0 skips
     seed: int = 0
 
 
@@ -74,11 +78,6 @@ def _ood_sets(dataset: str, lengths: list[int], n: int, seed: int) -> dict[str, 
 
         fiction = [d.text.encode("utf-8") for s in ("train", "test") for d in load_brown(s) if d.label == 3]
         sets["brown_fiction"] = [fiction[i % len(fiction)][:k] for i, k in enumerate(sizes)]
-    else:  # BBC news for the genre model: loaded from the installed package at run time, never stored
-        from model_export.data import load_news
-
-        news = [d.text.encode("utf-8") for d in load_news("test")]
-        sets["bbc_news"] = random.Random(f"ood:bbc:{seed}").sample(news, min(n, len(news)))
     sets["a"] = [b"a"]
     return sets
 
@@ -132,6 +131,29 @@ def _sotu(model: OnnxText, anchor: TfidfAnchor, s: TextSettings) -> dict[str, An
     return out
 
 
+def _bbc_as_press(
+    model: OnnxText, anchor: TfidfAnchor, clean: tuple[Outputs, Outputs], s: TextSettings
+) -> dict[str, Any]:
+    """The genre model on BBC News test articles, each one's true genre press (loaded from the installed
+    package at run time, never stored): accuracy on the first 2 KB and whole, and how much of it the model's
+    ood score flags (not counted as out-of-domain: a new source of a known class should be answered)."""
+    from model_export.data import load_news
+
+    news = [d.text.encode("utf-8") for d in load_news("test")]
+    raws = random.Random(f"newsource:bbc:{s.seed}").sample(news, min(s.new_source, len(news)))
+    y = [model.config["labels"].index("press")] * len(raws)
+    cut = [r[:2048] for r in raws]
+    whole_m, whole_a = model(raws), anchor(raws, model.max_length)
+    return {
+        "source": f"BBC News test split, {len(raws)} articles (seeded sample)",
+        "label": "press",
+        "median_kb": round(float(np.median([len(r) for r in raws])) / 1024, 1),
+        "first_2kb": _case(model(cut), anchor(cut, model.max_length), y),
+        "whole": _case(whole_m, whole_a, y),
+        "ood": ood_row(whole_m, whole_a, *clean, model.threshold),
+    }
+
+
 def run_text(model: OnnxText, s: TextSettings, log: Log = print) -> dict[str, Any]:
     from model_export.tasks import text_docs
 
@@ -173,6 +195,9 @@ def run_text(model: OnnxText, s: TextSettings, log: Log = print) -> dict[str, An
     if dataset == "news" and s.sotu:
         result["sotu"] = _sotu(model, anchor, s)
         log(f"  sotu: {result['sotu']['whole']['model']['value']:.3f} whole")
+    if dataset == "brown" and s.new_source:
+        result["new_source"] = _bbc_as_press(model, anchor, (clean_m, clean_a), s)
+        log(f"  BBC News as press: {result['new_source']['whole']['model']['value']:.3f} whole")
     sets = _ood_sets(dataset, [len(r) for r in raws], s.ood_items, s.seed)
     result["ood"] = _ood(model, anchor, clean_m, clean_a, sets)
     return result

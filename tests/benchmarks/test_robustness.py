@@ -153,6 +153,24 @@ def test_suite_on_a_small_slice(tmp_path, monkeypatch):
     assert (tmp_path / "t_filler.png").stat().st_size > 10_000 and (tmp_path / "t_calibration.png").is_file()
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_genre_model_reads_bbc_news_as_press_from_a_new_source(tmp_path):
+    """BBC News is the genre model's press class from another source: scored as a new-source case (first 2 KB
+    and whole), its ood figures kept beside it, and not among the out-of-domain sets the worst AUROC reads."""
+    argv = ["--models", "lara-text-genre", "--limit", "8", "--filler-docs", "0", "--variants", "upper",
+            "--ood-items", "4", "--new-source", "6", "--out", str(tmp_path), "--name", "g"]  # fmt: skip
+    suite.main(argv)
+    genre = json.loads((tmp_path / "g.json").read_text())["models"]["lara-text-genre"]
+    ns = genre["new_source"]
+    assert ns["label"] == "press" and ns["first_2kb"]["model"]["n"] == ns["whole"]["model"]["n"] == 6
+    assert ns["ood"]["n"] == 6 and "model_auroc_ood" in ns["ood"]
+    assert "bbc_news" not in genre["ood"] and {"random", "lorem", "a"} <= set(genre["ood"])
+    md = (tmp_path / "g.md").read_text()
+    assert "| lara-text-genre | BBC News (new source), whole: press |" in md
+    assert "BBC News (press from a new source; not counted)" in md and "model: bbc" not in md
+
+
 def test_repository_option_reads_models_from_another_folder_and_restores_the_shipped_one(tmp_path):
     from benchmarks.robustness import runners
 
