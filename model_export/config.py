@@ -10,6 +10,10 @@ AttentionKind = Literal["softmax", "performer", "ra", "lara"]
 ATTENTION_KINDS: tuple[str, ...] = ("softmax", "performer", "ra", "lara")
 
 
+# TextConfig.pooling's values (its Literal), for validation and for CLIs that offer them.
+POOLINGS = ("mean", "attention", "passages")
+
+
 def _one_of(name: str, value: Any, allowed: tuple[str, ...]) -> None:
     """Literal fields are not checked at run time: a misspelt value in a config.json or an --override would
     otherwise fall through to the default branch of the code that reads it (e.g. positions "rope" ran as
@@ -107,7 +111,7 @@ class TextConfig:
 
     def __post_init__(self) -> None:
         _one_of("positions", self.positions, ("sinusoidal", "conv"))
-        _one_of("pooling", self.pooling, ("mean", "attention", "passages"))
+        _one_of("pooling", self.pooling, POOLINGS)
         if self.passage_bytes < 1:
             raise ValueError(f"passage_bytes must be at least 1, got {self.passage_bytes}")
 

@@ -33,7 +33,7 @@ from torch import nn
 from model_export import userdata as ud
 from model_export import userdist, userwide
 from model_export import userrecipe as recipe
-from model_export.config import TextConfig, config_from_dict
+from model_export.config import POOLINGS, TextConfig, config_from_dict
 from model_export.data import pad_batch
 from model_export.finalize import TEXT_HEADS, task_outputs, text_outputs
 from model_export.long_docs import LengthMixTask, length_groups, to_ids
@@ -77,7 +77,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-augment", action="store_true", help="no augmentation: text, no casing / whitespace / "
                    "markup / typo noise and no unrelated filler (model_export.augment); images, no crop / flip")  # fmt: skip
     p.add_argument("--no-case-fold", action="store_true", help="text: keep letter case (default: folded in the graph)")
-    p.add_argument("--pooling", choices=recipe.POOLINGS, default=recipe.POOLING, help="text: how the encoder "
+    p.add_argument("--pooling", choices=POOLINGS, default=recipe.POOLING, help="text: how the encoder "
                    "reads a document out: attention (learned token weights), passages (each 512-byte passage "
                    "scored, log-mean-exp over them: filler cannot dilute it), mean")  # fmt: skip
     p.add_argument("--no-wide", action="store_true", help="text: the encoder alone, without the wide path (hashed "
