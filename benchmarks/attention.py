@@ -11,7 +11,7 @@ Shapes follow the issue: B=1, H=4, D=64, C=64 landmarks (chunk means), fp32. Sof
 Speed targets are read as ratios within one run (these machines are shared and noisy).
 
 Memory allocation: by default the process allocates as the server's torch backend does
-(`server.backends.allocator.keep_freed_memory`: glibc serves large blocks from its heap and keeps them),
+(`lara_serve.server.backends.allocator.keep_freed_memory`: glibc serves large blocks from its heap and keeps them),
 so a method's output buffer is reused between calls as it is in serving; with glibc's default, each call's
 32 MiB output at N = 32K (and anything of 32 MiB or more) is a fresh mmap whose pages the kernel faults in
 and zeroes on every call. `--malloc default` measures that instead. The memory probe runs in a fresh child
@@ -29,7 +29,6 @@ from concurrent.futures import ProcessPoolExecutor
 import torch
 from tqdm import tqdm
 
-import kernels
 from benchmarks.common import (
     RESULTS,
     environment,
@@ -39,7 +38,8 @@ from benchmarks.common import (
     peak_extra_memory_mib,
     write_json,
 )
-from kernels.reference import lara_attention_ref, orthogonal_gaussian_projection, softmax_attention_ref
+from lara_serve import kernels
+from lara_serve.kernels.reference import lara_attention_ref, orthogonal_gaussian_projection, softmax_attention_ref
 
 B, H, D, C = 1, 4, 64, 64
 SOFTMAX_MAX_N = 16384  # quadratic: beyond this one SDPA call takes tens of seconds on 2 cores
@@ -253,7 +253,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.malloc == "server":
-        from server.backends.allocator import keep_freed_memory
+        from lara_serve.server.backends.allocator import keep_freed_memory
 
         reason = keep_freed_memory()
         if reason:

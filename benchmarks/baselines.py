@@ -60,7 +60,7 @@ GROUPS: dict[str, tuple[str, list[str], list[str], str]] = {
 
 
 def run_group(group: str, threads: int, seed: int, kinds: list[str] | None = None) -> list[dict[str, Any]]:
-    from model_export import train
+    from lara_serve.model_export.training import train
 
     name, group_kinds, budget_args, budget = GROUPS[group]
     rows = []
@@ -96,7 +96,7 @@ def run_group(group: str, threads: int, seed: int, kinds: list[str] | None = Non
                 "epochs_done": m.get("epochs_done"),
                 "wall_time_s": round(time.perf_counter() - t0, 1),
                 "threads": threads,
-                "command": "python -m model_export.train " + " ".join(argv),
+                "command": "python -m lara_serve.model_export.training.train " + " ".join(argv),
                 # per epoch: holdout accuracy and cumulative training seconds (accuracy against wall clock)
                 "history": [
                     {
@@ -117,7 +117,7 @@ def run_tfidf(seed: int) -> list[dict[str, Any]]:
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.linear_model import LogisticRegression
 
-    from model_export.data import load_news
+    from lara_serve.model_export.training.data import load_news
 
     train, test = load_news("train"), load_news("test")
     t0 = time.perf_counter()

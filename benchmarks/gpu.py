@@ -33,19 +33,20 @@ import time
 import traceback
 from pathlib import Path
 
+from lara_serve import kernels
+
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = "--cpu-smoke" in sys.argv
 if SMOKE:
-    os.environ["TRITON_INTERPRET"] = "1"  # before kernels._triton is imported
+    os.environ["TRITON_INTERPRET"] = "1"  # before lara_serve.kernels._triton is imported
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-import kernels  # noqa: E402
-from kernels._cpu import lara_forward_cpu  # noqa: E402
-from kernels._triton import LaunchConfig, lara_forward_triton  # noqa: E402
-from kernels.reference import lara_attention_ref, orthogonal_gaussian_projection  # noqa: E402
+from lara_serve.kernels._cpu import lara_forward_cpu  # noqa: E402
+from lara_serve.kernels._triton import LaunchConfig, lara_forward_triton  # noqa: E402
+from lara_serve.kernels.reference import lara_attention_ref, orthogonal_gaussian_projection  # noqa: E402
 
 F64 = torch.float64
 # One output rounding at the output's scale: half an ulp of the dtype (relative), times max|y|.
@@ -306,8 +307,8 @@ def section_timing(run: Run) -> dict:
 
 def tiny_text_model(model_dir: Path) -> Path:
     """A randomly initialized tiny text model saved like a shipped one (for --cpu-smoke only)."""
-    from model_export import build_model, get_config, make_config_dict, save_pretrained
-    from model_export.registry import LABELS
+    from lara_serve.model_export import build_model, get_config, make_config_dict, save_pretrained
+    from lara_serve.model_export.models.registry import LABELS
 
     cfg = get_config("tiny-text")
     save_pretrained(build_model(cfg, seed=0), make_config_dict("tiny-text", cfg, LABELS["tiny-text"]), model_dir)
@@ -317,9 +318,9 @@ def tiny_text_model(model_dir: Path) -> Path:
 def section_e2e(run: Run) -> dict:
     model_dir = run.model_dir
     try:
-        from model_export import load_pretrained
+        from lara_serve.model_export import load_pretrained
     except Exception as exc:
-        return {"skipped": f"model_export.load_pretrained unavailable: {exc}"}
+        return {"skipped": f"lara_serve.model_export.load_pretrained unavailable: {exc}"}
     if run.smoke and not (model_dir / "config.json").is_file():
         model_dir = tiny_text_model(Path(run.out) / "tiny-text")  # exercise this section's code
     if not (model_dir / "config.json").is_file():
@@ -429,7 +430,7 @@ def sm90_build() -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from kernels._triton import lara as lk
+    from lara_serve.kernels._triton import lara as lk
 
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     f32_ptrs = {"F", "BIAS", "RLSE", "BH"}

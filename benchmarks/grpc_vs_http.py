@@ -18,7 +18,7 @@ Latency: one client, one request at a time (median and p99), the lanes of a (pay
 turns request by request, so a change in the machine's load hits all alike; with it the server's CPU time
 per request (all its processes and threads, from /proc), which a loaded machine stretches far less than
 wall time. Throughput: `--concurrency` threads for `--seconds`, lane after lane; `--rounds` repeats, the
-order reversed in odd rounds. By default the models are tiny synthetic ones (server.synthetic: compute is small, so the
+order reversed in odd rounds. By default the models are tiny synthetic ones (lara_serve.server.synthetic: compute is small, so the
 protocols' own cost shows); `--models-dir model_repository` runs the shipped lara-text-news and
 lara-vit-fashion (with LaraAttention). Writes benchmarks/results/grpc_vs_http.json and a .png beside it;
 the tables come from benchmarks/grpc_vs_http_report.py.
@@ -45,8 +45,8 @@ from PIL import Image
 
 from benchmarks import pytriton_peer
 from benchmarks.grpc_vs_http_report import chart, markdown, paired, ratios, summarize
-from server.repository import read_config
-from server.testing import free_port, server_process
+from lara_serve.server.repository import read_config
+from lara_serve.server.testing import free_port, server_process
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TEXT_MODEL, IMAGE_MODEL = "lara-text-news", "lara-vit-fashion"
@@ -67,7 +67,7 @@ def _payloads() -> dict[str, tuple[str, bytes]]:
 
 
 def _synthetic_repository() -> Path:
-    from server.synthetic import make_image_model, make_text_model
+    from lara_serve.server.synthetic import make_image_model, make_text_model
 
     root = Path(tempfile.mkdtemp(prefix="grpc_vs_http_"))
     make_text_model(root, TEXT_MODEL, max_length=32 * 1024)
@@ -77,8 +77,8 @@ def _synthetic_repository() -> Path:
 
 def _tensors(models_dir: Path, model: str, data: bytes) -> dict[str, np.ndarray]:
     """What the server computes from the raw bytes, with a batch axis: the input both servers accept."""
-    from server.preprocess import image_item, text_item
-    from server.repository import ImagePreprocessing, read_config
+    from lara_serve.server.preprocess import image_item, text_item
+    from lara_serve.server.repository import ImagePreprocessing, read_config
 
     prep = read_config(models_dir / model).preprocessing
     item = image_item(data, prep, 1 << 20) if isinstance(prep, ImagePreprocessing) else text_item(data, prep, None)
@@ -230,7 +230,7 @@ def _compute_ms(onnx: Path, ort_library: str | None, feeds: dict[str, np.ndarray
     """The model alone on one request's tensors, in this process: median of n runs after 2 warm-ups."""
     import onnxruntime as ort
 
-    from server.backends.onnx_runtime import SPIN_KEYS
+    from lara_serve.server.backends.onnx_runtime import SPIN_KEYS
 
     options = ort.SessionOptions()
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL  # as both servers
@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.requests > 2000 or args.seconds > 60 or args.rounds > 10:
         parser.error("keep it bounded: --requests <= 2000, --seconds <= 60, --rounds <= 10")
     signal.signal(signal.SIGTERM, _interrupt)
-    from kernels import ort_library
+    from lara_serve.kernels import ort_library
 
     library = ort_library.library()
     models_dir = args.models_dir or _synthetic_repository()

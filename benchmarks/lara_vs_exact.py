@@ -4,7 +4,7 @@
    read with `config_from_dict`, only the attention kind is changed to "softmax", the weights are loaded
    non-strictly and the parameters exact attention has no use for (LARA's landmark modules) are listed.
    Both go into a TEMPORARY model repository as `<model>` and `<model>-exact-attention`.
-2. One `python -m server` serves both on 127.0.0.1, each on the backend that serves it best. Exact
+2. One `python -m lara_serve.server` serves both on 127.0.0.1, each on the backend that serves it best. Exact
    attention on the torch backend, because there it is torch SDPA, whose CPU flash kernel keeps memory
    linear in the length; an ONNX graph of exact attention would materialize [B, H, N, N] scores (17 GB
    at N = 32K, H = 4). LARA on the server's default, onnxruntime (`--lara-backend torch` puts it on the
@@ -35,11 +35,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from clients.loadtest import LoadPoint, Report, SweepPlan, Target, run_sweep, synthetic_text  # noqa: E402
-from clients.loadtest.charts import write_charts  # noqa: E402
-from clients.loadtest.report import Cell  # noqa: E402
-from clients.loadtest.writers import format_table, write_csv, write_json  # noqa: E402
-from server.testing import server_process  # noqa: E402
+from lara_serve.clients.loadtest import LoadPoint, Report, SweepPlan, Target, run_sweep, synthetic_text  # noqa: E402
+from lara_serve.clients.loadtest.charts import write_charts  # noqa: E402
+from lara_serve.clients.loadtest.report import Cell  # noqa: E402
+from lara_serve.clients.loadtest.writers import format_table, write_csv, write_json  # noqa: E402
+from lara_serve.server.testing import server_process  # noqa: E402
 
 EXACT_SUFFIX = "-exact-attention"
 DEFAULT_LENGTHS = [1024, 2048, 4096, 8192, 16384, 32768, 65536]
@@ -50,9 +50,9 @@ def build_exact_variant(model_dir: Path, repository: Path) -> dict[str, Any]:
     import torch
     from safetensors.torch import load_file
 
-    from model_export.config import config_from_dict
-    from model_export.hub import VERSION, WEIGHTS, load_config, save_pretrained
-    from model_export.registry import build_model
+    from lara_serve.model_export.models.config import config_from_dict
+    from lara_serve.model_export.models.hub import VERSION, WEIGHTS, load_config, save_pretrained
+    from lara_serve.model_export.models.registry import build_model
 
     conf = load_config(model_dir)
     name = conf["name"]
@@ -135,7 +135,7 @@ def ratio_chart(rows: list[dict[str, Any]], path: Path, lara_backend: str) -> Pa
     """exact p50 / LARA p50 vs length, one line per concurrency; above 1 LARA answers sooner."""
     from matplotlib.ticker import FuncFormatter
 
-    from clients.loadtest.charts import format_bytes, plt
+    from lara_serve.clients.loadtest.charts import format_bytes, plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for conc in sorted({r["concurrency"] for r in rows}):
@@ -209,7 +209,7 @@ def main() -> int:
         "argv": sys.argv[1:],
         "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "wall_s": round(time.time() - started, 1),
-        "server": f"python -m server --backend torch --model-backends {names['lara']}={args.lara_backend}, "
+        "server": f"python -m lara_serve.server --backend torch --model-backends {names['lara']}={args.lara_backend}, "
         "127.0.0.1, default batching",
         "lara_backend": args.lara_backend,
         "exact_attention": "torch SDPA (CPU flash kernel: memory linear in N), same weights as LARA",

@@ -3,9 +3,9 @@ document at a time (as the server runs a document this long: alone in its batch)
 
     python -m benchmarks.long_composites [--model lara-text-news] [--lengths 262144,1048576] [--per-class 2,1]
 
-Composites are model_export.long_docs.make_composites of the TEST split (same-label articles joined, cut at
+Composites are lara_serve.model_export.training.long_docs.make_composites of the TEST split (same-label articles joined, cut at
 the length; seeded, so the documents are the same on every run). The model is the shipped one through
-PyTorch, whose forward takes documents above 64K tokens in slices of rows (model_export.long_forward);
+PyTorch, whose forward takes documents above 64K tokens in slices of rows (lara_serve.model_export.models.long_forward);
 `--threads` torch threads. Per length: accuracy with a Wilson 95% interval, median seconds per document,
 and the peak resident memory of this process above its state before the length (ru_maxrss is a high-water
 mark, so lengths run in increasing order). Writes benchmarks/results/long_composites.json.
@@ -23,10 +23,10 @@ from typing import Any
 import torch
 
 from benchmarks.common import environment, markdown_table, write_json
-from model_export.evaluate import resolve_model_dir
-from model_export.hub import load_pretrained
-from model_export.long_docs import COMPOSITE_SEED, make_composites, to_ids
-from model_export.tasks import text_docs
+from lara_serve.model_export.models.hub import load_pretrained
+from lara_serve.model_export.training.evaluate import resolve_model_dir
+from lara_serve.model_export.training.long_docs import COMPOSITE_SEED, make_composites, to_ids
+from lara_serve.model_export.training.tasks import text_docs
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:

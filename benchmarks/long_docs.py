@@ -4,7 +4,7 @@
 
 For each model: test accuracy on the first n bytes of every test document (n = 256 .. 65,536) and on the
 whole document; for BBC, accuracy on same-label composites of test documents at 8, 16, 32 and 64 KB
-(model_export.long_docs.make_composites, seeded). For Brown, TF-IDF (word 1-2-grams) + logistic regression
+(lara_serve.model_export.training.long_docs.make_composites, seeded). For Brown, TF-IDF (word 1-2-grams) + logistic regression
 on the same fixed split at full length and on the first 2,048 bytes, and 5-fold cross-validated figures
 for the anchor over all 500 texts.
 
@@ -27,11 +27,11 @@ import numpy as np
 import torch
 
 from benchmarks.common import RESULTS, environment, markdown_table, write_json
-from model_export.distill import first_bytes, heads_too, tfidf_classifier
-from model_export.evaluate import resolve_model_dir
-from model_export.hub import load_config, load_pretrained
-from model_export.long_docs import accuracy_on, correct_on, make_composites
-from model_export.tasks import text_docs
+from lara_serve.model_export.models.hub import load_config, load_pretrained
+from lara_serve.model_export.training.distill import first_bytes, heads_too, tfidf_classifier
+from lara_serve.model_export.training.evaluate import resolve_model_dir
+from lara_serve.model_export.training.long_docs import accuracy_on, correct_on, make_composites
+from lara_serve.model_export.training.tasks import text_docs
 
 TRUNCATIONS = [256, 512, 1024, 2048, 4096, 8192, 16384, 65536]
 COMPOSITES = [8192, 16384, 32768, 65536]

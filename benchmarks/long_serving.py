@@ -1,14 +1,14 @@
-"""Latency and memory per document vs length through the real server (python -m server on 127.0.0.1).
+"""Latency and memory per document vs length through the real server (python -m lara_serve.server on 127.0.0.1).
 
     python -m benchmarks.long_serving [--model lara-text-news] [--lengths 1024,4096,...,262144,1048576]
     python -m benchmarks.long_serving --synthetic   # the same path on a synthetic model of max_length 1 MiB
 
-Documents are same-label composites of BBC test articles cut to each length (model_export.long_docs). For
+Documents are same-label composites of BBC test articles cut to each length (lara_serve.model_export.training.long_docs). For
 each length: a request holding 1 document (median of --repeats), and a request holding 8 different
 documents (median of --repeats, also per document). Lengths above 64 KB use --long-repeats and
 --long-docs documents in the multi-document request (each 1 MiB document runs alone in its batch, so 8 of
 them take 8 runs); `--backend torch` serves the model through PyTorch, whose forward takes documents above
-64K tokens in slices of rows (model_export.long_forward); lengths above the model's max_length are
+64K tokens in slices of rows (lara_serve.model_export.models.long_forward); lengths above the model's max_length are
 listed as skipped. The server's resident memory is sampled from /proc every 10 ms; the table gives its
 peak above the idle (warmed-up) server at each length, and the largest X-Batch-Size of the 8-document
 requests (1 where a document is longer than max_batch_tokens: it ran alone).
@@ -39,9 +39,9 @@ from typing import Any
 import httpx
 
 from benchmarks.common import environment, markdown_table, shipped_onnx_at, write_json
-from model_export.long_docs import make_composites
-from model_export.tasks import text_docs
-from server.testing import server_process
+from lara_serve.model_export.training.long_docs import make_composites
+from lara_serve.model_export.training.tasks import text_docs
+from lara_serve.server.testing import server_process
 
 REPO = Path(__file__).resolve().parent.parent / "model_repository"
 
@@ -54,7 +54,7 @@ def _rss_kib(pid: int) -> int:
 
 
 def _server_pid(port: int) -> int:
-    """The `python -m server` process listening on `port` (found by its command line)."""
+    """The `python -m lara_serve.server` process listening on `port` (found by its command line)."""
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--synthetic",
         action="store_true",
-        help="serve a synthetic text model of max_length 1 MiB (server.synthetic) instead of --model",
+        help="serve a synthetic text model of max_length 1 MiB (lara_serve.server.synthetic) instead of --model",
     )
     p.add_argument("--threads", type=int, default=2, help="LARA_NUM_THREADS of the server")
     p.add_argument("--compare-ort-attention", action="store_true", help="body vs fused LaraAttention servers")
@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> None:
     with ExitStack() as stack:
         repo, model = REPO, args.model
         if args.synthetic:
-            from server.synthetic import make_text_model
+            from lara_serve.server.synthetic import make_text_model
 
             repo = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="long-serving-")))
             model = "synthetic-1mib"

@@ -1,7 +1,7 @@
 """Model latency on the CPU (not a test): onnxruntime vs PyTorch eager vs torch.compile.
 
 onnxruntime twice: LaraAttention as its ONNX function body, and as the fused kernel (the server's default,
-`kernels.ort_library`) when that can be built here.
+`lara_serve.kernels.ort_library`) when that can be built here.
 
 Text (`lara-text-news`): batch 1 and 8 at 1K, 4K and 16K tokens; image (`lara-vit-fashion`): batch 1
 and 8. Uses the trained weights in model_repository/ when present, else random weights (latency does
@@ -34,8 +34,8 @@ import torch
 from torch import nn
 
 from benchmarks.common import RESULTS, environment, markdown_table, write_json
-from model_export import create_model, load_pretrained
-from model_export import export as ex
+from lara_serve.model_export import create_model, load_pretrained
+from lara_serve.model_export.export import exporter as ex
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = {"text": "lara-text-news", "image": "lara-vit-fashion"}

@@ -1,7 +1,7 @@
 """onnxruntime with LaraAttention's ONNX function body vs the fused kernel as a custom op (not a test).
 
 The shipped `model.onnx` files, unchanged, in two onnxruntime sessions that differ only in
-`kernels.ort_library.register` (the fused kernel) or not (the body, inlined at load). Text
+`lara_serve.kernels.ort_library.register` (the fused kernel) or not (the body, inlined at load). Text
 (`lara-text-news`): random byte ids at each length, batch 1 (and batch 8 up to 4K tokens); image
 (`lara-vit-fashion`): batch 1 and 8. Runs alternate between the two sessions, so load spikes hit both;
 best and median of the rounds. Also the largest difference of the logits between the two.
@@ -27,7 +27,7 @@ import numpy as np
 import onnxruntime as ort
 
 from benchmarks.common import environment, markdown_table, shipped_onnx_at, write_json
-from kernels import ort_library
+from lara_serve.kernels import ort_library
 
 ROOT = Path(__file__).resolve().parent.parent
 REPO = ROOT / "model_repository"

@@ -3,7 +3,7 @@
 The peer is tritonserver from PyPI `nvidia-pytriton` 0.7.0 serving ONNX files through a pytriton Python
 inference callable that runs one onnxruntime InferenceSession per model on each batch Triton's dynamic
 batcher forms, with the custom-op library of the fused LaraAttention kernel registered as LARA Serve
-registers it (`kernels.ort_library`). pytriton's stub fails under the pyenv python (platform.md), so the
+registers it (`lara_serve.kernels.ort_library`). pytriton's stub fails under the pyenv python (platform.md), so the
 peer runs under a venv of Debian's /usr/bin/python3, `.venv-triton/` (git-ignored):
 
     python -m benchmarks.pytriton_peer setup     # or `make bench-triton-env`; idempotent

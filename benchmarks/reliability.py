@@ -1,4 +1,4 @@
-"""Reliability suite (not a test): the failure cases of issue 36 against live `python -m server`s on
+"""Reliability suite (not a test): the failure cases of issue 36 against live `python -m lara_serve.server`s on
 127.0.0.1, over synthetic models, with one table at the end.
 
     .venv/bin/python -m benchmarks.reliability                  # every case (a few minutes on 2 cores)
@@ -25,7 +25,7 @@ from typing import Any
 
 from benchmarks import reliability_bodies as bodies
 from benchmarks import reliability_cases as cases
-from server.synthetic import make_image_model, make_text_model
+from lara_serve.server.synthetic import make_image_model, make_text_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CASES = ("deadlines", "reloads", "inputs", "bodies", "documents", "connections")

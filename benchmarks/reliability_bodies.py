@@ -1,6 +1,6 @@
 """The memory and event-loop cases of `python -m benchmarks.reliability`: large bodies (liveness and RSS
 during a burst of 16 MB bodies) and many documents (RSS before, at the peak and after 1,000 concurrent
-64 KB texts). Each on a fresh `python -m server` on 127.0.0.1.
+64 KB texts). Each on a fresh `python -m lara_serve.server` on 127.0.0.1.
 
 On a shared machine a slow health check can be the server's doing or the machine's. Each case reports
 the probe's answer times on the idle server (`liveness_idle`, the floor) and the event-loop thread's CPU

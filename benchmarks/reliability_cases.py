@@ -1,4 +1,4 @@
-"""The cases of `python -m benchmarks.reliability`, each on a fresh `python -m server` on 127.0.0.1 over
+"""The cases of `python -m benchmarks.reliability`, each on a fresh `python -m lara_serve.server` on 127.0.0.1 over
 synthetic models. Each returns a `Row`: requests answered under load, faults survived, bad inputs tried,
 requests lost (unanswered, hung, reset or a 5xx a client caused), and what was measured."""
 

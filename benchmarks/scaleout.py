@@ -4,7 +4,7 @@ machine, in one run, against 127.0.0.1 only.
 Every configuration gets the same CPUs (--cpus, default 2): the plain server runs with that many backend
 threads, and again with 1; Ray 1 replica with num_cpus=cpus (threads = cpus); Ray 2 replicas with
 num_cpus=cpus/2 each (1 thread each). Load:
-`python -m clients loadtest`, closed loop, 2 KB texts to lara-text-news on v1 :classify, concurrency 1, 8
+`python -m lara_serve.clients loadtest`, closed loop, 2 KB texts to lara-text-news on v1 :classify, concurrency 1, 8
 and 32. All replicas share one machine here: see deploy/README.md for what changes on a real cluster.
 
     .venv/bin/python benchmarks/scaleout.py            # about 8 minutes; ray[serve] from deploy/ci/ray_venv.sh
@@ -31,7 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from server.testing import free_port, server_process  # noqa: E402
+from lara_serve.server.testing import free_port, server_process  # noqa: E402
 
 MODEL = "lara-text-news"
 OUT = ROOT / "benchmarks" / "results" / "scaleout.json"
@@ -94,7 +94,7 @@ def ray_app(python: str, replicas: int, cpus: int) -> Iterator[str]:
 
 def load(url: str, args: argparse.Namespace, note: str) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory() as out:
-        cmd = [sys.executable, "-m", "clients", "loadtest", "--url", url, "--model", MODEL, "--route", "classify",
+        cmd = [sys.executable, "-m", "lara_serve.clients", "loadtest", "--url", url, "--model", MODEL, "--route", "classify",
                "--lengths", "2K", "--concurrency", args.concurrency, "--seconds", str(args.seconds),
                "--timeout", "60", "--warmup", "16", "--out", out, "--note", note, "--no-progress",
                "--fail-on-error-rate", "1"]  # fmt: skip

@@ -26,13 +26,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from clients.loadtest import LoadPoint, SweepPlan, Target, make_doc, run_sweep, synthetic_text  # noqa: E402
-from server.backends import create_backend  # noqa: E402
-from server.preprocess import collate, text_item  # noqa: E402
-from server.repository import read_config  # noqa: E402
-from server.settings import DEFAULT_MODEL_REPOSITORY  # noqa: E402
-from server.synthetic import make_text_model  # noqa: E402
-from server.testing import server_process  # noqa: E402
+from lara_serve.clients.loadtest import LoadPoint, SweepPlan, Target, make_doc, run_sweep, synthetic_text  # noqa: E402
+from lara_serve.server.backends import create_backend  # noqa: E402
+from lara_serve.server.preprocess import collate, text_item  # noqa: E402
+from lara_serve.server.repository import read_config  # noqa: E402
+from lara_serve.server.settings import DEFAULT_MODEL_REPOSITORY  # noqa: E402
+from lara_serve.server.synthetic import make_text_model  # noqa: E402
+from lara_serve.server.testing import server_process  # noqa: E402
 
 
 def pick_model(args: argparse.Namespace, scratch: Path) -> tuple[Path, str]:

@@ -1,4 +1,4 @@
-"""Soak (not a test): a real `python -m server` on 127.0.0.1 under steady mixed traffic for a bounded time.
+"""Soak (not a test): a real `python -m lara_serve.server` on 127.0.0.1 under steady mixed traffic for a bounded time.
 
 Traffic per client loop: valid text predictions (v1 and v2), images, malformed bodies (4xx expected), and
 clients that hang up while their request is queued. Every `--sample-s` seconds the server's RSS and open
@@ -39,9 +39,9 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from server.repository import read_config  # noqa: E402
-from server.settings import DEFAULT_MODEL_REPOSITORY  # noqa: E402
-from server.testing import free_port  # noqa: E402
+from lara_serve.server.repository import read_config  # noqa: E402
+from lara_serve.server.settings import DEFAULT_MODEL_REPOSITORY  # noqa: E402
+from lara_serve.server.testing import free_port  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 WORDS = ("market", "team", "election", "science", "goal", "engine", "rates", "vote",
@@ -157,7 +157,9 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     env = {**os.environ, "LARA_MODEL_REPOSITORY": str(repo), "LARA_NUM_THREADS": str(args.threads),
            "LARA_REQUEST_TIMEOUT_S": "10", "LARA_LOG_LEVEL": "warning"}  # fmt: skip
     with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen([sys.executable, "-m", "server", "--port", str(port)], env=env, stdout=log, stderr=log)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "lara_serve.server", "--port", str(port)], env=env, stdout=log, stderr=log
+        )
         url = f"http://127.0.0.1:{port}"
         try:
             for _ in range(1200):

@@ -1,4 +1,4 @@
-"""The reliability issue's failure cases, each on a fresh `python -m server` on 127.0.0.1 (run through
+"""The reliability issue's failure cases, each on a fresh `python -m lara_serve.server` on 127.0.0.1 (run through
 `benchmarks/soak.py --scenarios [names]`): clients that hang up while queued, requests that time out,
 idle connections against a low open-file limit, and the memory of a burst of large image decodes."""
 
@@ -24,8 +24,8 @@ from typing import Any
 
 import httpx
 
-from server.repository import read_config
-from server.testing import free_port
+from lara_serve.server.repository import read_config
+from lara_serve.server.testing import free_port
 
 WORDS = ("market", "team", "election", "science", "goal", "engine", "rates", "vote",
          "match", "orbit", "trade", "court", "storm", "chip")  # fmt: skip
@@ -33,7 +33,7 @@ SOAK = Path(__file__).resolve().parent / "soak.py"
 
 
 class Server:
-    """`python -m server` on a free loopback port; `nofile` lowers its open-file limit (as `ulimit -n`)."""
+    """`python -m lara_serve.server` on a free loopback port; `nofile` lowers its open-file limit (as `ulimit -n`)."""
 
     def __init__(self, repo: Path, env: dict[str, str], nofile: int | None = None) -> None:
         self.port = free_port()
@@ -45,7 +45,7 @@ class Server:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the server; read in stop()
-        self.proc = subprocess.Popen([sys.executable, "-m", "server", "--port", str(self.port)], env=full,
+        self.proc = subprocess.Popen([sys.executable, "-m", "lara_serve.server", "--port", str(self.port)], env=full,
                                      stdout=self.log, stderr=self.log, preexec_fn=limit)  # fmt: skip
         deadline = time.monotonic() + 300
         while not _ready(self.url):
@@ -157,8 +157,8 @@ def decode_probe(mode: str) -> float:
     import numpy as np
     from PIL import Image
 
-    from server.preprocess import DecodeBudget, image_item
-    from server.repository import ImagePreprocessing
+    from lara_serve.server.preprocess import DecodeBudget, image_item
+    from lara_serve.server.repository import ImagePreprocessing
 
     def kib(field: str) -> int:
         status = Path("/proc/self/status").read_text().splitlines()

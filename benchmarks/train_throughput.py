@@ -1,13 +1,13 @@
 """Training throughput and peak memory of `lara train`'s default text recipe, at 4, 16 and 64 KB documents,
-in one process and in two (torch.distributed, gloo, through model_export.userdist) on the same cores.
+in one process and in two (torch.distributed, gloo, through lara_serve.model_export.your_data.dist) on the same cores.
 
     python -m benchmarks.train_throughput                       # writes results/train_throughput.{json,png}
     python -m benchmarks.train_throughput --steps 4 --warmup 1 --sizes 4   # a quick look
 
 Each setting runs in fresh processes (so the peak RSS is that setting's own): the default text model
 (lara-text-news's architecture with the recipe's attention pooling and case folding) trained by
-model_export.userfit.fit on the recipe's batches (LengthMixTask windows of 256 B-8 KB and same-label
-composites, model_export.augment.TextAugment noise and filler, 24 K tokens a batch). The batch plan is
+lara_serve.model_export.your_data.fit.fit on the recipe's batches (LengthMixTask windows of 256 B-8 KB and same-label
+composites, lara_serve.model_export.training.augment.TextAugment noise and filler, 24 K tokens a batch). The batch plan is
 built before the clock starts and timed apart (the data side); the step clock covers what the training
 loop does per batch (forward, backward, gradient all-reduce, clipping, optimizer), after warm-up steps.
 
@@ -35,7 +35,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 OUT = RESULTS / "train_throughput.json"
 SIZES_KB = (4, 16, 64)
 LABELS = ("alpha", "beta", "gamma", "delta")
-RECIPE_TOKENS = 24576  # model_export.userrecipe.length_mix's tokens_per_batch
+RECIPE_TOKENS = 24576  # lara_serve.model_export.your_data.recipe.length_mix's tokens_per_batch
 
 
 def documents(n: int, kb: int, seed: int = 0) -> tuple[list[bytes], list[int]]:
@@ -77,8 +77,8 @@ def _recipe_batches(kb: int, n_docs: int, count: int, tokens: int) -> tuple[list
     """`count` batches of the default text recipe over documents of kb KB; and the data side's cost."""
     import torch
 
-    from model_export.long_docs import LengthMixTask
-    from model_export.userrecipe import capped, length_mix, text_augment
+    from lara_serve.model_export.training.long_docs import LengthMixTask
+    from lara_serve.model_export.your_data.recipe import capped, length_mix, text_augment
 
     docs, labels = documents(n_docs, kb)
     task = LengthMixTask(docs, torch.tensor(labels), 65536, **{**length_mix(65536), "tokens_per_batch": tokens})
@@ -100,11 +100,11 @@ def worker(args: argparse.Namespace) -> None:
     """One process's part of one setting; rank 0 writes the JSON record to args.record."""
     import torch
 
-    from model_export import userdist
-    from model_export.config import TextConfig
-    from model_export.registry import build_model, get_config
-    from model_export.userfit import FitSettings, fit
-    from model_export.userrecipe import text_config
+    from lara_serve.model_export.models.config import TextConfig
+    from lara_serve.model_export.models.registry import build_model, get_config
+    from lara_serve.model_export.your_data import dist as userdist
+    from lara_serve.model_export.your_data.fit import FitSettings, fit
+    from lara_serve.model_export.your_data.recipe import text_config
 
     torch.set_num_threads(args.threads)
     group = userdist.setup()
@@ -167,7 +167,7 @@ def _gather(group: Any, value: float) -> list[float]:
 
 def run_setting(kb: int, processes: int, threads: int, args: argparse.Namespace) -> dict[str, Any]:
     """One setting in fresh processes of `threads` threads each; returns rank 0's record."""
-    from server.testing import free_port
+    from lara_serve.server.testing import free_port
 
     with tempfile.TemporaryDirectory() as tmp:
         record = Path(tmp) / "record.json"

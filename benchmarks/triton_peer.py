@@ -10,8 +10,8 @@ The driver (project venv) then measures both servers with ONE load generator, tr
 client (KServe v2 protocol, binary tensor extension), at the same concurrency on the same documents:
 preprocessed INT64 `input_ids`/`attention_mask` [1, N] per request to both (so neither server pays for
 tokenization), plus LARA Serve fed raw UTF-8 text (BYTES `raw`) as an extra row. Documents: BBC News test
-documents of at least 2,048 bytes cut to exactly 2,048 bytes (model_export.data.load_news), else
-synthetic text (clients.loadtest.make_doc). No document text is written to the results.
+documents of at least 2,048 bytes cut to exactly 2,048 bytes (lara_serve.model_export.training.data.load_news), else
+synthetic text (lara_serve.clients.loadtest.make_doc). No document text is written to the results.
 
     .venv/bin/python benchmarks/triton_peer.py [--pytriton-python PATH]
     PYTRITON_PYTHON=/path/to/python .venv/bin/python benchmarks/triton_peer.py --requests 600 --seconds 30
@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def load_docs(n_bytes: int, count: int) -> tuple[list[bytes], str]:
     try:
-        from model_export.data import load_news
+        from lara_serve.model_export.training.data import load_news
 
         docs = [d.text.encode("utf-8") for d in load_news("test")]
         long = [d[:n_bytes] for d in docs if len(d) >= n_bytes]
@@ -50,11 +50,11 @@ def load_docs(n_bytes: int, count: int) -> tuple[list[bytes], str]:
             )
     except Exception as exc:  # noqa: BLE001 - any failure falls back to synthetic text
         print(f"BBC News unavailable ({exc}); using synthetic text", file=sys.stderr)
-    from clients.loadtest import make_doc
+    from lara_serve.clients.loadtest import make_doc
 
     return [
         make_doc(n_bytes, seed).encode() for seed in range(count)
-    ], f"synthetic (clients.loadtest.make_doc), {n_bytes} bytes"
+    ], f"synthetic (lara_serve.clients.loadtest.make_doc), {n_bytes} bytes"
 
 
 def tokens(doc: bytes, byte_offset: int) -> Any:
@@ -208,7 +208,7 @@ def main() -> int:
         parser.error(f"{why}\n(`make bench-triton-env` makes {pytriton_peer.VENV}, the default)")
     args.ort_library = ""
     if args.ort_attention == "fused":
-        from kernels import ort_library
+        from lara_serve.kernels import ort_library
 
         if ort_library.library() is None:
             parser.error(f"--ort-attention fused: {ort_library.unavailable_reason()}")
@@ -217,9 +217,9 @@ def main() -> int:
     import onnxruntime
     import tritonclient.http.aio as aio_client
 
-    from server.repository import read_config
-    from server.settings import DEFAULT_MODEL_REPOSITORY
-    from server.testing import server_process
+    from lara_serve.server.repository import read_config
+    from lara_serve.server.settings import DEFAULT_MODEL_REPOSITORY
+    from lara_serve.server.testing import server_process
 
     model_dir = DEFAULT_MODEL_REPOSITORY / args.model
     config = read_config(model_dir)
@@ -294,9 +294,11 @@ def main() -> int:
         "batching": {"max_batch_size": args.max_batch_size, "max_queue_delay_ms": args.max_queue_delay_ms},
         "onnxruntime_intra_op_threads": args.num_threads or "library default",
         "lara_attention": f"{args.ort_attention} in both servers"
-        + (" (kernels.ort_library's custom-op library)" if args.ort_library else " (the ONNX function body)"),
+        + (
+            " (lara_serve.kernels.ort_library's custom-op library)" if args.ort_library else " (the ONNX function body)"
+        ),
         "lara": {
-            "server": "python -m server (FastAPI/uvicorn, token-budget batcher)",
+            "server": "python -m lara_serve.server (FastAPI/uvicorn, token-budget batcher)",
             "onnxruntime": onnxruntime.__version__,
         },
         "triton": {

@@ -5,9 +5,9 @@
     python -m benchmarks.your_data --sets subjects catalogs --budget 5 --parallel 1
     python -m benchmarks.your_data --report-only     # re-read the finished runs
 
-Each set (model_export.sample_userdata: short subject lines, e-mails, long speeches, mixed-language
+Each set (lara_serve.model_export.your_data.samples: short subject lines, e-mails, long speeches, mixed-language
 messages, a folder of 32x32 digit images) is written to `--work`, then trained by the command a user runs:
-`python -m clients train DATA --out WORK/models/SET --time-budget B --clock cpu --threads T --seed S`
+`python -m lara_serve.clients train DATA --out WORK/models/SET --time-budget B --clock cpu --threads T --seed S`
 (the default recipe and split; `--clock cpu` so that a shared machine gives every set the same training).
 The report of each run carries per-example test predictions of LARA and of the baseline (TF-IDF + logistic
 regression for text; a small CNN trained for the same CPU time for images), so the difference is paired:
@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import RESULTS
-from model_export.sample_userdata import USER_DATASETS, write
+from lara_serve.model_export.your_data.samples import USER_DATASETS, write
 
 TARGET_MARGIN = -0.01  # the target: LARA's accuracy at least the baseline's minus 1 point
 
@@ -63,7 +63,7 @@ def train_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
     if not data.exists():
         write(name, data)
     out, log = args.work / "models" / name, args.work / f"{name}.log"
-    cmd = [sys.executable, "-m", "clients", "train", str(data), "--out", str(out), "--time-budget",
+    cmd = [sys.executable, "-m", "lara_serve.clients", "train", str(data), "--out", str(out), "--time-budget",
            str(args.budget), "--clock", "cpu", "--threads", str(args.threads), "--seed", str(args.seed),
            "--overwrite", "--json-lines", *shlex.split(args.train_args)]  # fmt: skip
     t0 = time.perf_counter()
@@ -139,7 +139,7 @@ def markdown(rows: list[dict[str, Any]], budget: float, train_args: str = "") ->
     if any("blend" in r for r in rows):
         lines += ["", "Text models blend the encoder's logits with a wide path inside the same graph (hashed word "
                   "1-2-gram tf-idf + logistic regression, fitted before the encoder trains; blend weights "
-                  "a x encoder + b x wide chosen on the holdout: model_export.userwide). The parts column scores "
+                  "a x encoder + b x wide chosen on the holdout: lara_serve.model_export.your_data.wide). The parts column scores "
                   "each alone on the same test split."]  # fmt: skip
     return "\n".join(lines) + "\n"
 

@@ -1,4 +1,4 @@
-"""`lara predict --model NAME FILE...` (or `python -m clients ...`; also: `train`, `load`, `models`, `info`, `health`,
+"""`lara predict --model NAME FILE...` (or `python -m lara_serve.clients ...`; also: `train`, `load`, `models`, `info`, `health`,
 `loadtest`).
 
 Each file is its own request: one file that fails (too long, not an image, unreadable) gets its error on
@@ -20,7 +20,7 @@ from typing import Any, TextIO
 
 import httpx
 
-from clients.client import Explanation, LaraClient, LaraError, Prediction
+from lara_serve.clients.client import Explanation, LaraClient, LaraError, Prediction
 
 TRUNCATE_SIDES = ("head", "tail", "head+tail")
 _BAR = 24  # characters of a score of 1.0
@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("--charset", default="utf-8", help="encoding of the text files (default utf-8)")
         cmd.add_argument("--json", action="store_true", help="one JSON object per file instead of a table")
         cmd.add_argument("files", nargs="+", type=Path)
-    # Its own flags are parsed by model_export.usertrain (`lara train --help`); it needs the [train] extra.
+    # Its own flags are parsed by lara_serve.model_export.your_data.command (`lara train --help`); it needs the [train] extra.
     sub.add_parser("train", help="train a LARA model on your labelled texts or images", add_help=False)
     load = sub.add_parser("load", help="load (or reload) a model from the server's model repository")
     load.add_argument("name", help="the model's folder name in the server's --model-repository")
@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("models", help="list served models")
     sub.add_parser("info", help="server limits and model cards (GET /info)")
     sub.add_parser("health", help="liveness and readiness")
-    # Its own flags are parsed by clients.loadtest (see `python -m clients loadtest --help`).
+    # Its own flags are parsed by lara_serve.clients.loadtest (see `python -m lara_serve.clients loadtest --help`).
     sub.add_parser("loadtest", help="latency and throughput vs input length and load", add_help=False)
     explain = sub.add_parser("explain", help="text models: the passages that decided each file's label (occlusion)")
     explain.add_argument("--model", required=True)
@@ -88,9 +88,9 @@ def _main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     if args.command == "loadtest":
-        from clients.loadtest import main as loadtest_main
+        from lara_serve.clients.loadtest import main as loadtest_main
 
-        # `python -m clients --url U loadtest ...` passes the global --url/--api-key on.
+        # `python -m lara_serve.clients --url U loadtest ...` passes the global --url/--api-key on.
         given = ["--url", args.url] if args.url and "--url" not in rest else []
         key = ["--api-key", args.api_key] if args.api_key and "--api-key" not in rest else []
         return loadtest_main([*given, *key, *rest])
@@ -128,7 +128,7 @@ _TRAIN_DEPENDENCIES = {"torch", "triton", "safetensors", "onnx", "onnxscript", "
 def _train(argv: list[str], api_key: str | None) -> int:
     """`lara train`: the training code is imported only here, so the lean install (no torch) keeps working."""
     try:
-        from model_export.usertrain import main as train_main
+        from lara_serve.model_export.your_data.command import main as train_main
     except ImportError as exc:
         missing = (exc.name or "").split(".")[0]
         if missing not in _TRAIN_DEPENDENCIES:

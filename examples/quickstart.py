@@ -19,7 +19,7 @@ sys.path.insert(0, str(HERE.parent))  # run from a checkout without installing: 
 
 import httpx  # noqa: E402
 
-from clients import LaraClient, LaraError, Prediction  # noqa: E402
+from lara_serve.clients import LaraClient, LaraError, Prediction  # noqa: E402
 
 
 def show(what: str, p: Prediction) -> None:

@@ -20,7 +20,7 @@ import math
 import torch
 from torch import Tensor
 
-from kernels.reference import ALPHA_FLOOR
+from lara_serve.kernels.reference import ALPHA_FLOOR
 
 # Queries per block: 512 queries x 2C=128 rows x 4 B = 256 KiB of logits per (batch, head), L2-sized.
 QUERY_BLOCK = 512
@@ -140,7 +140,7 @@ def lara_forward_cpu(
     noise: Tensor | None,
     query_block: int = QUERY_BLOCK,
 ) -> Tensor:
-    """LARA forward. Shapes as in `kernels.lara_attention`; returns [B, H, N, Dv] in q's dtype."""
+    """LARA forward. Shapes as in `lara_serve.kernels.lara_attention`; returns [B, H, N, Dv] in q's dtype."""
     out_dtype = q.dtype
     ct = _compute_dtype(q.dtype)
     args = [t.to(ct) for t in (q, k, v, q_landmarks, k_landmarks)]

@@ -5,11 +5,11 @@ compiled by the system C++ compiler in a few seconds and cached (`kernels/native
 
 If there is no compiler, the build fails, or `LARA_CPU_KERNEL=off`, `load()` returns None after ONE
 warning and the dispatcher (`kernels/dispatch.py`) runs the PyTorch path (`kernels/_cpu.py`) instead:
-a missing compiler never fails a request. `python -m kernels._cpu_fused` builds ahead of time (e.g.
+a missing compiler never fails a request. `python -m lara_serve.kernels._cpu_fused` builds ahead of time (e.g.
 in an image build), so no request pays the compile.
 
 Numerics: float32 compute for fp16/bf16/fp32 inputs (cast back at the end), the same masks and math as
-`kernels.reference.lara_attention_ref`. Per document, the arithmetic depends only on that document's
+`lara_serve.kernels.reference.lara_attention_ref`. Per document, the arithmetic depends only on that document's
 valid tokens: its output bits are the same alone, in any batch, with any padding, at any thread count.
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from kernels import native_build
+from lara_serve.kernels import native_build
 
 ABI_VERSION = 2
 DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
@@ -102,7 +102,7 @@ def lara_forward_fused(
     force_generic: bool = False,
     num_threads: int | None = None,
 ) -> Tensor:
-    """LARA forward with the compiled kernel. Shapes as in `kernels.lara_attention`; CPU tensors,
+    """LARA forward with the compiled kernel. Shapes as in `lara_serve.kernels.lara_attention`; CPU tensors,
     fp16/bf16/fp32, Dv == D; returns [B, H, N, D] in q's dtype. Callers check availability first."""
     lib = load()
     if lib is None:

@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from kernels import reference
-from kernels._cpu import lara_forward_cpu
-from kernels.dispatch import LaraInputs
-from kernels.op import lara_attention_op
+from lara_serve.kernels import reference
+from lara_serve.kernels._cpu import lara_forward_cpu
+from lara_serve.kernels.dispatch import LaraInputs
+from lara_serve.kernels.op import lara_attention_op
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -104,7 +104,7 @@ def lara_attention(
 
 def describe_backends(q: Tensor, k: Tensor, v: Tensor, q_landmarks: Tensor, k_landmarks: Tensor) -> dict:
     """Which LARA backends could run these inputs, and why not (for logs and the server's /v2 info)."""
-    from kernels.dispatch import backend_info, select_backend
+    from lara_serve.kernels.dispatch import backend_info, select_backend
 
     inputs = LaraInputs(q, k, v, q_landmarks, k_landmarks, None, 1.0, None)
     try:

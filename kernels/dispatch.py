@@ -14,13 +14,13 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from kernels import _cpu_fused
-from kernels._cpu import lara_forward_cpu
+from lara_serve.kernels import _cpu_fused
+from lara_serve.kernels._cpu import lara_forward_cpu
 
 
 @dataclass(frozen=True)
 class LaraInputs:
-    """The validated arguments of one LARA call (see `kernels.lara_attention`)."""
+    """The validated arguments of one LARA call (see `lara_serve.kernels.lara_attention`)."""
 
     q: Tensor
     k: Tensor
@@ -136,14 +136,14 @@ class TritonBackend(Backend):
             reasons.append(f"{inputs.num_landmarks} landmarks > {cls.max_landmarks}")
         if not reasons:
             try:
-                import kernels._triton  # noqa: F401
+                import lara_serve.kernels._triton  # noqa: F401
             except Exception as exc:  # an import failure is a reason, not a crash
                 reasons.append(f"triton kernels unavailable: {exc}")
         return reasons
 
     @classmethod
     def forward(cls, inputs: LaraInputs) -> Tensor:
-        from kernels._triton import lara_forward_triton
+        from lara_serve.kernels._triton import lara_forward_triton
 
         return lara_forward_triton(*inputs.as_args())
 

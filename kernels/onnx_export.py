@@ -38,7 +38,7 @@ from onnxscript.values import Op, Opset
 DOMAIN = "com.lara"
 DOMAIN_VERSION = 1
 OP_NAME = "LaraAttention"
-ALPHA_FLOOR = 1e-8  # same clamp as kernels.reference.ALPHA_FLOOR (repo practice, spec 5.3)
+ALPHA_FLOOR = 1e-8  # same clamp as lara_serve.kernels.reference.ALPHA_FLOOR (repo practice, spec 5.3)
 
 lara_opset = Opset(DOMAIN, DOMAIN_VERSION)
 
@@ -166,7 +166,7 @@ def _translate_lara_attention(
 
 def custom_translation_table() -> dict:
     """`custom_translation_table` for `torch.onnx.export(..., dynamo=True)` (imports the op first)."""
-    import kernels.op  # noqa: F401 - registers torch.ops.lara.attention
+    import lara_serve.kernels.op  # noqa: F401 - registers torch.ops.lara.attention
 
     return {torch.ops.lara.attention.default: _translate_lara_attention}
 

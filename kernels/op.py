@@ -2,7 +2,7 @@
 
 The op dispatches to a backend (`kernels/dispatch.py`) at run time. Autograd through the op recomputes
 the forward with the differentiable PyTorch path and back-propagates through it; eager training avoids
-the op altogether (see `kernels.api.lara_attention`), so the recompute only happens under compile.
+the op altogether (see `lara_serve.kernels.api.lara_attention`), so the recompute only happens under compile.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from kernels._cpu import lara_forward_cpu
-from kernels.dispatch import LaraInputs, select_backend
+from lara_serve.kernels._cpu import lara_forward_cpu
+from lara_serve.kernels.dispatch import LaraInputs, select_backend
 
 
 @torch.library.custom_op("lara::attention", mutates_args=())

@@ -13,7 +13,7 @@ builds it in its build stage and ships no compiler): then nothing is compiled. W
 compiler, or with `LARA_ORT_KERNEL=off`, `library()` returns None after one warning and onnxruntime runs
 the function body: slower at long lengths, same results within float32 rounding.
 
-    python -m kernels.ort_library      # build ahead of time and say which path onnxruntime will use
+    python -m lara_serve.kernels.ort_library      # build ahead of time and say which path onnxruntime will use
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from kernels import native_build
+from lara_serve.kernels import native_build
 
 ABI_VERSION = 1
 ROOT = Path(__file__).resolve().parent.parent

@@ -27,7 +27,7 @@ MODEL = ROOT / "model_repository" / "lara-text-news"
 
 def child(backend: str, lengths: list[int], threads: int, keep: bool) -> dict[str, float]:
     if keep:
-        from server.backends.allocator import keep_freed_memory
+        from lara_serve.server.backends.allocator import keep_freed_memory
 
         reason = keep_freed_memory()
         if reason:
@@ -37,7 +37,7 @@ def child(backend: str, lengths: list[int], threads: int, keep: bool) -> dict[st
 
     torch.set_num_threads(threads)
     if backend == "torch":
-        from model_export import load_pretrained
+        from lara_serve.model_export import load_pretrained
 
         model = load_pretrained(MODEL)
 

@@ -9,7 +9,7 @@ text model, this measures the anchor with parts taken away, on the same folds an
 (`benchmarks.long_docs.tfidf_kfold_truncation`): word bigrams, then idf and the sublinear tf, then the L2
 norm (an L1-normalized count vector is the mean of one-hot word vectors: what a linear head over the
 masked mean of hashed word embeddings computes). Also features of the kind the text model's wide path reads
-(hashed word 1-2-grams, `model_export.text.TfidfHead`) fit by logistic regression. Writes
+(hashed word 1-2-grams, `lara_serve.model_export.models.text.TfidfHead`) fit by logistic regression. Writes
 research/results/anchor_parts.json.
 """
 
@@ -21,10 +21,12 @@ from typing import Any
 
 from benchmarks.common import environment, markdown_table
 from benchmarks.long_docs import GAP_AT, HEAD_FIT, tfidf_kfold_truncation
-from model_export.distill import tfidf_classifier
+from lara_serve.model_export.training.distill import tfidf_classifier
 from research import write_json
 
-WORDS = r"[A-Za-z0-9]+"  # the text encoder's word definition (model_export.text.word_chars), case-folded
+WORDS = (
+    r"[A-Za-z0-9]+"  # the text encoder's word definition (lara_serve.model_export.models.text.word_chars), case-folded
+)
 
 
 def _linear(vectorizer: Any, c: float, norm: str | None = None) -> Any:

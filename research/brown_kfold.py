@@ -4,10 +4,10 @@ TF-IDF + logistic regression on the same folds (the fixed 109-text test split al
     python -m research.brown_kfold [--folds 0 1 2 3 4] [--budget 12] [--threads 1] [--init-from DIR]
         [--tag NAME --train-args "ARGS"]
 
---train-args adds model_export.train options to every fold's run (a recipe: text augmentation, config
+--train-args adds lara_serve.model_export.training.train options to every fold's run (a recipe: text augmentation, config
 overrides); --tag keeps that recipe's runs and results apart (research/results/brown_kfold_NAME.json).
 
-Folds: model_export.tasks.fold_split, 5 folds over all 500 texts, stratified by genre, seed 1234. For
+Folds: lara_serve.model_export.training.tasks.fold_split, 5 folds over all 500 texts, stratified by genre, seed 1234. For
 fold K: lara-text-genre's architecture, initialized from a BBC model's weights (--init-from, default the
 shipped lara-text-news; every tensor but the 4-genre head), trained on the other four folds with the shipped genre model's recipe (mixed-length windows
 of 256 B - 4 KB, lr 1e-3 warmup+cosine) for --budget minutes of one core (CPU time, so folds running side
@@ -70,10 +70,10 @@ def run_fold(
     tag: str | None = None,
     train_args: list[str] | None = None,
 ) -> dict[str, Any]:
-    from model_export import train
-    from model_export.hub import load_config, load_pretrained
-    from model_export.long_docs import accuracy_on
-    from model_export.tasks import fold_split, text_docs
+    from lara_serve.model_export.models.hub import load_config, load_pretrained
+    from lara_serve.model_export.training import train
+    from lara_serve.model_export.training.long_docs import accuracy_on
+    from lara_serve.model_export.training.tasks import fold_split, text_docs
 
     runs = paths(tag)[0]
     out, ckpt = runs / f"fold-{fold}", runs / "ckpt" / f"fold-{fold}"
@@ -103,7 +103,7 @@ def run_fold(
         "tfidf": anchor,
         "train_time_s": conf["metrics"]["train_time_s"],
         "epochs_done": conf["metrics"].get("epochs_done"),
-        "command": "python -m model_export.train " + " ".join(argv),
+        "command": "python -m lara_serve.model_export.training.train " + " ".join(argv),
     }
     if not done:  # a fold scored again keeps its training call's wall time (merge_fold_row)
         row["wall_time_s"] = round(time.perf_counter() - t0, 1)
@@ -180,7 +180,11 @@ def main(argv: list[str] | None = None) -> None:
         "commit bb0359e, see the README)",
     )
     p.add_argument("--tag", default=None, help="name of this recipe's runs and results file")
-    p.add_argument("--train-args", default="", help="extra model_export.train options for every fold (one string)")
+    p.add_argument(
+        "--train-args",
+        default="",
+        help="extra lara_serve.model_export.training.train options for every fold (one string)",
+    )
     args = p.parse_args(argv)
     extra = shlex.split(args.train_args)
     for fold in args.folds:

@@ -10,7 +10,7 @@ printable bytes, report (peak after - peak before) / length. Below 256 KB glibc 
 arena, memory patterns, graph optimization level), onnxruntime on sub-graphs of model.onnx cut after the
 embeddings and after each block (onnx.utils.Extractor; onnxruntime runs every node of a graph even when
 an output is unused, so cutting the outputs alone is not enough), and PyTorch eager, plain and sliced
-(model_export.long_forward). Beside them, the bound a runtime that frees each tensor after its last reader
+(lara_serve.model_export.models.long_forward). Beside them, the bound a runtime that frees each tensor after its last reader
 would reach, from the tensors' sizes in the graph's node order. Writes research/results/memory_per_byte.json.
 """
 
@@ -44,7 +44,7 @@ def _ort_session(threads: int, arena: bool = True, pattern: bool = True, opt: st
     import onnx.utils
     import onnxruntime as ort
 
-    from kernels import ort_library
+    from lara_serve.kernels import ort_library
 
     o = ort.SessionOptions()
     o.intra_op_num_threads = threads
@@ -74,7 +74,8 @@ def child(spec: dict[str, Any], length: int, threads: int) -> float:
     else:
         import torch
 
-        from model_export import load_pretrained, long_forward
+        from lara_serve.model_export import load_pretrained
+        from lara_serve.model_export.models import long_forward
 
         torch.set_num_threads(threads)
         long_forward.LONG_FROM = 0 if spec["runtime"] == "torch sliced" else 1 << 40
@@ -94,7 +95,7 @@ def live_bound(threads: int) -> float:
     import onnx
     import onnxruntime as ort
 
-    from kernels import ort_library
+    from lara_serve.kernels import ort_library
 
     m = onnx.load(str(MODEL / "1" / "model.onnx"))
     names = [o for node in m.graph.node for o in node.output if o]

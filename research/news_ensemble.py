@@ -31,7 +31,7 @@ from research.news_kfold import N_FOLDS, RESULTS_DIR, RUNS_ROOT, compare, plot, 
 
 def member_dir(tag: str, fold: int) -> Path:
     """The fold-`fold` model of news_kfold experiment `tag`, checked to exist and to hold that fold out."""
-    from model_export.hub import load_config
+    from lara_serve.model_export.models.hub import load_config
 
     path = RUNS_ROOT / f"news-kfold-{tag}" / f"fold-{fold}"
     if not (path / "config.json").is_file():
@@ -69,9 +69,9 @@ def same_documents(member: list[dict[str, Any]], rows: list[dict[str, Any]]) -> 
 
 
 def score_fold(fold: int, members: list[str], score_limit: int | None = None) -> dict[str, Any]:
-    from model_export.ensemble import ProbabilityMean
-    from model_export.hub import load_pretrained
-    from model_export.tasks import fold_split, text_docs
+    from lara_serve.model_export.models.hub import load_pretrained
+    from lara_serve.model_export.training.ensemble import ProbabilityMean
+    from lara_serve.model_export.training.tasks import fold_split, text_docs
 
     texts, labels = text_docs("news", fold_split(fold, N_FOLDS, "test"))
     texts, labels = texts[:score_limit], labels[:score_limit]
@@ -90,8 +90,8 @@ def score_final(dirs: list[Path], split: str, per_class: int, limit: int | None 
     measures a shipped model; on the holdout ("val") each member alone too (on "test" only the ensemble:
     the one look a rule allows)."""
     from benchmarks.long_docs import measure
-    from model_export.ensemble import ProbabilityMean
-    from model_export.hub import load_pretrained
+    from lara_serve.model_export.models.hub import load_pretrained
+    from lara_serve.model_export.training.ensemble import ProbabilityMean
 
     members = [load_pretrained(d) for d in dirs]
     out = {

@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 from benchmarks.robustness.sources import LOREM_WORDS
-from model_export.hub import load_pretrained
-from model_export.long_docs import accuracy_on
-from model_export.tasks import text_docs
+from lara_serve.model_export.models.hub import load_pretrained
+from lara_serve.model_export.training.long_docs import accuracy_on
+from lara_serve.model_export.training.tasks import text_docs
 
 # The classic passage's first 35 words (the suite's list, cut where this check's lorem always stopped).
 LOREM = LOREM_WORDS[:35]

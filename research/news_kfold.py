@@ -9,7 +9,7 @@ below the best cut (the 1 KB gap) with a paired-bootstrap 95% interval.
 Why: on the fixed 431-document test split one document is 0.23 point, and a paired-bootstrap interval on
 the 1 KB gap spans about 2 points; pooled over every document the interval is several times narrower.
 
-Folds: model_export.tasks.fold_split (5 folds over train + test, stratified by label, seeded). For fold K:
+Folds: lara_serve.model_export.training.tasks.fold_split (5 folds over train + test, stratified by label, seeded). For fold K:
 lara-text-news trained from scratch on the other four folds with the shipped model's recipe (mixed-length
 windows with half of the plain windows from the document head, `--length-mix '{"head_prob": 0.5}'`,
 warmup+cosine fitted to --budget minutes of one core, CPU clock, so folds running side by side stay
@@ -49,7 +49,7 @@ RECIPE = '{"head_prob": 0.5}'  # the shipped lara-text-news's --length-mix
 
 @dataclass(frozen=True)
 class Recipe:
-    """How every fold is trained (what model_export.train gets besides the fold); defaults = the shipped
+    """How every fold is trained (what lara_serve.model_export.training.train gets besides the fold); defaults = the shipped
     model's recipe at a 30-minute budget. With `epochs`, each fold trains for exactly that many epochs
     (schedule over steps) instead of for budget_min CPU-minutes."""
 
@@ -74,7 +74,7 @@ class Recipe:
         return RUNS_ROOT / f"news-kfold-{self.tag}", RESULTS_DIR / f"news_kfold_{self.tag}.json"
 
     def argv(self, fold: int, resume: bool = False) -> list[str]:
-        """The training command line of one fold (model_export.train arguments)."""
+        """The training command line of one fold (lara_serve.model_export.training.train arguments)."""
         runs = self.paths()[0]
         argv = ["--model", "lara-text-news", "--fold", f"{fold}/{N_FOLDS}", "--length-mix", self.length_mix]
         argv += ["--epochs", str(self.epochs or 200)]
@@ -104,9 +104,9 @@ class Recipe:
 
 
 def run_fold(fold: int, recipe: Recipe, score_limit: int | None = None, resume: bool = False) -> dict[str, Any]:
-    from model_export import train
-    from model_export.hub import load_config, load_pretrained
-    from model_export.tasks import fold_split, text_docs
+    from lara_serve.model_export.models.hub import load_config, load_pretrained
+    from lara_serve.model_export.training import train
+    from lara_serve.model_export.training.tasks import fold_split, text_docs
 
     args = train.parse_args(recipe.argv(fold, resume))
     out = Path(args.out)
@@ -277,13 +277,13 @@ def main(argv: list[str] | None = None) -> None:
         type=float,
         default=None,
         metavar="WEIGHT",
-        help="train toward a TF-IDF teacher's window probabilities with this weight (model_export.train --distill)",
+        help="train toward a TF-IDF teacher's window probabilities with this weight (lara_serve.model_export.training.train --distill)",
     )
     p.add_argument(
         "--override",
         default="{}",
         metavar="JSON",
-        help="model config overrides (model_export.train --override), e.g. '{\"ngram_buckets\": 32749}'",
+        help="model config overrides (lara_serve.model_export.training.train --override), e.g. '{\"ngram_buckets\": 32749}'",
     )
     p.add_argument(
         "--name",

@@ -1,7 +1,7 @@
 """Which combination of the feature (Mahalanobis) and input (byte bigram) ood scores, chosen on VALIDATION
 sets only: the BBC holdout ("val", in distribution) against out-of-domain text the evaluation suite never
 uses: Brown "learned" texts (English of another kind), Python standard-library source, word salad and
-made-up-language prose from the training filler bank (model_export.augment), cut to news-like lengths.
+made-up-language prose from the training filler bank (lara_serve.model_export.training.augment), cut to news-like lengths.
 
     python -m research.ood_combination [--model model_repository/lara-text-news] [--n 30]
 
@@ -22,11 +22,11 @@ import numpy as np
 import torch
 from sklearn.metrics import roc_auc_score
 
-from model_export.augment import FillerBank
-from model_export.brown import load_brown
-from model_export.hub import load_pretrained
-from model_export.ood import pooled_features
-from model_export.tasks import text_docs
+from lara_serve.model_export.models.hub import load_pretrained
+from lara_serve.model_export.models.ood import pooled_features
+from lara_serve.model_export.training.augment import FillerBank
+from lara_serve.model_export.training.brown import load_brown
+from lara_serve.model_export.training.tasks import text_docs
 
 OUT = Path(__file__).resolve().parent / "results" / "ood_combination.json"
 

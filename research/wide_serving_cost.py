@@ -1,12 +1,12 @@
 """What the wide path costs at serving time: onnxruntime latency of a `lara train` text model (the LARA encoder
-plus the hashed word 1-2-gram tf-idf head, model_export.userwide) against the shipped lara-text-news, which has
+plus the hashed word 1-2-gram tf-idf head, lara_serve.model_export.your_data.wide) against the shipped lara-text-news, which has
 the same encoder architecture and no wide path (config.json "model" differs only in num_classes and
 tfidf_buckets, checked here).
 
     python -m benchmarks.your_data --sets emails          # or any `lara train` text model
     .venv/bin/python -m research.wide_serving_cost [--wide runs/your_data/models/emails] [--threads 1]
 
-Both models load through the server's own backend (server.backends.create_backend: onnxruntime, fused LaraAttention
+Both models load through the server's own backend (lara_serve.server.backends.create_backend: onnxruntime, fused LaraAttention
 kernel, the server's session options). Per length (random printable bytes with spaces, so the wide path sees
 words) the two models alternate call by call, `--repeats` times after one warm-up each, and the ratio of
 medians is reported; alternating keeps a shared machine's load out of the ratio. Writes
@@ -37,8 +37,8 @@ def _inputs(length: int, batch: int, seed: int) -> dict[str, np.ndarray]:
 
 
 def measure(wide_dir: Path, plain_dir: Path, lengths: list[int], repeats: int, threads: int) -> list[dict[str, Any]]:
-    from server.backends import create_backend
-    from server.repository import read_config
+    from lara_serve.server.backends import create_backend
+    from lara_serve.server.repository import read_config
 
     configs = {name: read_config(d) for name, d in (("wide", wide_dir), ("plain", plain_dir))}
     backends = {name: create_backend("onnxruntime", d, configs[name], "cpu", num_threads=threads)

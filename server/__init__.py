@@ -1,6 +1,18 @@
-"""LARA Serve inference server: KServe v1/v2 REST over dynamically batched classifiers."""
+"""LARA Serve inference server: KServe v1/v2 REST and gRPC, TEI and TorchServe routes over dynamically batched
+classifiers. Public API (imported on first use): `create_app`, `Settings`."""
 
-from server.app import create_app
-from server.settings import Settings
+from __future__ import annotations
 
-__all__ = ["Settings", "create_app"]
+if __name__ == "server":  # imported by the folder's bare name from the repository root: not ours to answer
+    from lara_serve._package import defer_to_installed
+
+    defer_to_installed(__name__, __file__)
+
+from lara_serve._package import lazy_exports
+
+_HOMES = {
+    "Settings": "lara_serve.server.settings",
+    "create_app": "lara_serve.server.app",
+}
+__all__ = sorted(_HOMES)
+__getattr__ = lazy_exports(__name__, _HOMES)

@@ -1,4 +1,4 @@
-"""`python -m server [--flag value ...]`: flags override LARA_* environment variables and defaults."""
+"""`python -m lara_serve.server [--flag value ...]`: flags override LARA_* environment variables and defaults."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from server.preflight import preflight
-from server.settings import Settings
+from lara_serve.server.preflight import preflight
+from lara_serve.server.settings import Settings
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="lara-serve",  # the installed command; `python -m server` takes the same flags
+        prog="lara-serve",  # the installed command; `python -m lara_serve.server` takes the same flags
         description="LARA Serve. Every flag also reads from the environment as LARA_<NAME>.",
     )
     for name, field in Settings.model_fields.items():
@@ -54,8 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    from server.app import create_app
-    from server.serving import build_server
+    from lara_serve.server.app import create_app
+    from lara_serve.server.serving import build_server
 
     app = create_app(settings)
     if settings.metrics_port:
@@ -63,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         # Its own thread and port, no key (Triton's --metrics-port); the app's /metrics stays as configured.
         start_http_server(settings.metrics_port, addr=settings.host, registry=app.state.lara.metrics.registry)
-    build_server(app, app.state.lara).run()  # drains on SIGTERM/SIGINT (server.serving)
+    build_server(app, app.state.lara).run()  # drains on SIGTERM/SIGINT (lara_serve.server.serving)
     return 0
 
 

@@ -18,8 +18,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.body_gate import LargeBodyGate
-from server.errors import (
+from lara_serve.server.body_gate import LargeBodyGate
+from lara_serve.server.errors import (
     HTTP_STATUS,
     ErrorKind,
     ServeError,
@@ -28,11 +28,11 @@ from server.errors import (
     kind_for_status,
     too_large,
 )
-from server.models import ServedModel, load_repository
-from server.routes import compat, docs, explain, info, triton, ui, v1, v2
-from server.routes.common import AppState, ClientWatch, client_watch
-from server.schemas import V1ExplainRequest, V1PredictRequest, V2InferRequest
-from server.settings import Settings
+from lara_serve.server.models import ServedModel, load_repository
+from lara_serve.server.routes import compat, docs, explain, info, triton, ui, v1, v2
+from lara_serve.server.routes.common import AppState, ClientWatch, client_watch
+from lara_serve.server.schemas import V1ExplainRequest, V1PredictRequest, V2InferRequest
+from lara_serve.server.settings import Settings
 
 log = logging.getLogger(__name__)
 SHUTDOWN_BATCH_GRACE_S = 2.0
@@ -72,7 +72,7 @@ def create_app(settings: Settings | None = None, models: list[ServedModel] | Non
             if grpc_server is not None:  # in-flight calls finish first, like HTTP's drain
                 await grpc_server.stop(settings.graceful_timeout_s)
             for model in loaded.values():
-                # The drain (server.serving) already gave accepted work graceful_timeout_s: a batch still
+                # The drain (lara_serve.server.serving) already gave accepted work graceful_timeout_s: a batch still
                 # running gets a short grace, then its items are answered 503 (never left hanging).
                 await model.stop(grace_s=SHUTDOWN_BATCH_GRACE_S)
 
@@ -81,7 +81,7 @@ def create_app(settings: Settings | None = None, models: list[ServedModel] | Non
         version=v2.SERVER_VERSION,
         description="KServe v1/v2 inference for LARA long-sequence text and image classifiers.",
         lifespan=lifespan,
-        docs_url=None,  # served offline by server.routes.docs
+        docs_url=None,  # served offline by lara_serve.server.routes.docs
         redoc_url=None,
     )
     app.state.lara = state
@@ -120,7 +120,7 @@ def create_app(settings: Settings | None = None, models: list[ServedModel] | Non
 
 
 async def _start_grpc(app: FastAPI, state: AppState) -> Any:
-    from server.grpc.service import build_server  # grpcio is an optional extra: imported only when asked for
+    from lara_serve.server.grpc.service import build_server  # grpcio is an optional extra: imported only when asked for
 
     server = build_server(state, app.state)
     await server.start()
@@ -232,12 +232,12 @@ class ClientMiddleware:
 
     - a body that does not arrive within body_timeout_s is a 408 (not a connection held forever);
     - once the body is in, a watcher waits for the client to hang up and then cancels the request, so
-      its queued items are dropped (server.batcher) instead of computed for nobody;
+      its queued items are dropped (lara_serve.server.batcher) instead of computed for nobody;
     - while draining, responses carry `Connection: close` so keep-alive clients reconnect elsewhere;
     - a 5xx carries `Connection: close` once the request body is in (uvicorn drops the connection after an
       unexpected error: the client must not send its next request into it). A 5xx answered before the
       body arrived (e.g. 503 for a large body without a slot) keeps the connection until the client has
-      sent its body, so the client reads the answer instead of a reset (server.serving bounds that time).
+      sent its body, so the client reads the answer instead of a reset (lara_serve.server.serving bounds that time).
     """
 
     def __init__(self, app: ASGIApp, state: AppState) -> None:
@@ -263,7 +263,9 @@ class ClientMiddleware:
             nonlocal watcher
             if watcher is not None:  # body already read: nothing more will come
                 return {"type": "http.disconnect"} if watch.disconnected else await receive()
-            self.state.uploading[task] = watch  # the drain's end answers unfinished uploads 503 (server.serving)
+            self.state.uploading[task] = (
+                watch  # the drain's end answers unfinished uploads 503 (lara_serve.server.serving)
+            )
             try:
                 async with asyncio.timeout_at(body_deadline):
                     message = await receive()

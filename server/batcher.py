@@ -9,7 +9,7 @@ gets an answer: its result or the batch's error.
 
 Work for nobody is never started: an item whose future is done (its client left, its request timed out)
 is dropped from the queue, and an item with a deadline that it could not meet even running alone (by the
-recent batches measured in server.batch_cost) is answered with a timeout error before it is computed.
+recent batches measured in lara_serve.server.batch_cost) is answered with a timeout error before it is computed.
 
 Stopping (unload, reload, shutdown) answers every item: the batch being computed finishes and is answered
 (or, past a grace period, gets a 503), queued items get a 503, and the worker thread is shut down off the
@@ -29,8 +29,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
-from server.batch_cost import BatchCostModel
-from server.errors import ErrorKind, ServeError
+from lara_serve.server.batch_cost import BatchCostModel
+from lara_serve.server.errors import ErrorKind, ServeError
 
 P = TypeVar("P")
 R = TypeVar("R")
@@ -64,7 +64,7 @@ class BatchResult(Generic[R]):
 
 
 class BatchObserver(Protocol):
-    """Metrics hook; implemented by server.metrics."""
+    """Metrics hook; implemented by lara_serve.server.metrics."""
 
     def batch_done(self, size: int, padded_tokens: int, inference_s: float) -> None: ...
 
@@ -106,7 +106,7 @@ class Batcher(Generic[P, R]):
         # One thread per model: batches of a model run one at a time, off the event loop.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"batch-{name}")
         self._batch_s = 0.0  # moving average of batch time, for Retry-After
-        self.cost = BatchCostModel()  # fixed + per-token batch time, for deadlines (server.batch_cost)
+        self.cost = BatchCostModel()  # fixed + per-token batch time, for deadlines (lara_serve.server.batch_cost)
         self._stopping = False
         self._running: set[int] = set()  # ids of the futures whose items are being computed now
         self._job: Future[Sequence[R]] | None = None  # the batch in the worker thread, if any

@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.errors import ErrorKind, ServeError
-from server.preprocess import release_free_memory
+from lara_serve.server.errors import ErrorKind, ServeError
+from lara_serve.server.preprocess import release_free_memory
 
 
 class LargeBodyGate:

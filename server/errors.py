@@ -1,7 +1,7 @@
 """The one error taxonomy of the server and the one map from error kind to HTTP status.
 
 Everything below the routes (preprocessing, batcher, backends, codecs) raises `ServeError` with a kind;
-only `server.app` turns a kind into a status code. Messages say what was wrong and what is allowed.
+only `lara_serve.server.app` turns a kind into a status code. Messages say what was wrong and what is allowed.
 """
 
 from __future__ import annotations

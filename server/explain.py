@@ -22,12 +22,14 @@ from typing import Any
 
 import numpy as np
 
-from server.batcher import BatchResult
-from server.errors import invalid, malformed, too_large
-from server.models import Scored, ServedModel
-from server.preprocess import IDS, MASK, Item
-from server.repository import TextPreprocessing
-from server.schemas import MAX_PASSAGES_RANGE  # what a request may ask for; the default: settings.explain_passages
+from lara_serve.server.batcher import BatchResult
+from lara_serve.server.errors import invalid, malformed, too_large
+from lara_serve.server.models import Scored, ServedModel
+from lara_serve.server.preprocess import IDS, MASK, Item
+from lara_serve.server.repository import TextPreprocessing
+from lara_serve.server.schemas import (
+    MAX_PASSAGES_RANGE,  # what a request may ask for; the default: settings.explain_passages
+)
 
 MIN_PASSAGE_BYTES = 64
 # Ends of paragraphs (blank lines), lines, and sentences (., ! or ? with any closing quote or bracket, then

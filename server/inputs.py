@@ -12,8 +12,8 @@ import base64
 import binascii
 import codecs
 
-from server.errors import ErrorKind, ServeError, invalid
-from server.model_card import ANY_TYPES, IMAGE_TYPES, TEXT_TYPES
+from lara_serve.server.content_types import ANY_TYPES, IMAGE_TYPES, TEXT_TYPES
+from lara_serve.server.errors import ErrorKind, ServeError, invalid
 
 OCTET_STREAM = "application/octet-stream"
 _UTF8 = codecs.lookup("utf-8").name

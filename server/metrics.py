@@ -19,7 +19,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from server.statistics import Statistics
+from lara_serve.server.statistics import Statistics
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 _SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -152,7 +152,7 @@ class Metrics:
 
 
 class ModelObserver:
-    """The batcher's view of the metrics (server.batcher.BatchObserver)."""
+    """The batcher's view of the metrics (lara_serve.server.batcher.BatchObserver)."""
 
     def __init__(self, metrics: Metrics, model: str) -> None:
         self._metrics, self._model = metrics, model

@@ -9,17 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from server.models import RAW_INPUT, ServedModel
-from server.preprocess import TRUNCATION_SIDES
-from server.repository import ImagePreprocessing, TextPreprocessing
-from server.schemas import MAX_PASSAGES_RANGE
-
-IMAGE_TYPES = ("image/png", "image/jpeg", "image/webp", "image/bmp", "image/gif")
-TEXT_TYPES = ("text/plain",)
-# Besides its own media types, :classify takes a multipart upload, raw bytes whose kind is sniffed, and an
-# HTML form's text fields.
-ANY_TYPES = ("multipart/form-data", "application/octet-stream", "application/x-www-form-urlencoded")
-FORM_TYPES = (ANY_TYPES[0], ANY_TYPES[2])
+from lara_serve.server.content_types import IMAGE_TYPES, TEXT_TYPES
+from lara_serve.server.models import RAW_INPUT, ServedModel
+from lara_serve.server.preprocess import TRUNCATION_SIDES
+from lara_serve.server.repository import ImagePreprocessing, TextPreprocessing
+from lara_serve.server.schemas import MAX_PASSAGES_RANGE
 
 # What each shipped kind of model was trained on, so a user knows what input gives a meaningful answer.
 _SUITS = {

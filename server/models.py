@@ -14,12 +14,13 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from server.backends import Backend, create_backend, run_outputs
-from server.batcher import Batcher, BatchObserver, BatchPolicy, BatchResult
-from server.errors import ErrorKind, ServeError, clean_message, not_found
-from server.metrics import Metrics, ModelObserver
-from server.preprocess import TRUNCATION_SIDES, DecodeBudget, Item, collate, image_item, softmax, text_item
-from server.repository import (
+from lara_serve.server.backends import Backend, create_backend, run_outputs
+from lara_serve.server.batcher import Batcher, BatchObserver, BatchPolicy, BatchResult
+from lara_serve.server.errors import ErrorKind, ServeError, clean_message, not_found
+from lara_serve.server.inputs import image_for_text_model
+from lara_serve.server.metrics import Metrics, ModelObserver
+from lara_serve.server.preprocess import TRUNCATION_SIDES, DecodeBudget, Item, collate, image_item, softmax, text_item
+from lara_serve.server.repository import (
     ImagePreprocessing,
     ModelConfig,
     RepositoryError,
@@ -27,7 +28,7 @@ from server.repository import (
     discover,
     read_config,
 )
-from server.settings import Settings
+from lara_serve.server.settings import Settings
 
 log = logging.getLogger(__name__)
 RAW_INPUT = "raw"  # BYTES input: encoded image or UTF-8 text, one element per item
@@ -54,7 +55,7 @@ class ServedModel:
         self.config = config
         self.backend = backend
         self.batcher: Batcher[Item, Scored] = Batcher(config.name, self._run_batch, policy, observer)
-        self.decode_budget: DecodeBudget | None = None  # shared by the app's models (server.app)
+        self.decode_budget: DecodeBudget | None = None  # shared by the app's models (lara_serve.server.app)
         self.observer = observer
 
     @property
@@ -128,9 +129,6 @@ class ServedModel:
     def item_from_bytes(self, data: bytes, truncate: str | None, max_image_pixels: int) -> Item:
         prep = self.config.preprocessing
         if isinstance(prep, TextPreprocessing):
-            # Imported here: server.inputs imports the model card, which imports this module.
-            from server.inputs import image_for_text_model
-
             looks = image_for_text_model(data)
             if looks is not None:  # a clearer answer than "not UTF-8 ... 0x89" or a 413 on the base64
                 raise ServeError(
@@ -196,7 +194,7 @@ class ServedModel:
             ]
         else:
             items = [image_item(_blank_png(prep), prep, prep.width * prep.height)] * 2
-        # Each shape alone, timed: the batcher's deadline estimate starts from these (server.batch_cost).
+        # Each shape alone, timed: the batcher's deadline estimate starts from these (lara_serve.server.batch_cost).
         times = []
         for item in items:
             start = time.perf_counter()
@@ -238,7 +236,7 @@ class ServedModel:
         return out
 
     async def stop(self, grace_s: float = 30.0) -> None:
-        """Every accepted item is answered (server.batcher.Batcher.stop); the backend is closed off the
+        """Every accepted item is answered (lara_serve.server.batcher.Batcher.stop); the backend is closed off the
         event loop, and only once no batch runs on it."""
         await self.batcher.stop(grace_s)
         if not self.batcher.busy:
@@ -338,7 +336,7 @@ def _load_one(name: str, model_dir: Path, settings: Settings, metrics: Metrics |
         raise RepositoryError(f"{model_dir}/config.json names the model {config.name!r}, not {name!r}")
     kind = settings.backend_for(name)
     if kind == "torch" and settings.keep_freed_memory:
-        from server.backends.allocator import keep_freed_memory
+        from lara_serve.server.backends.allocator import keep_freed_memory
 
         keep_freed_memory()
     backend = create_backend(

@@ -11,7 +11,7 @@ import importlib.util
 import socket
 from pathlib import Path
 
-from server.settings import Settings
+from lara_serve.server.settings import Settings
 
 
 def preflight(settings: Settings) -> str | None:

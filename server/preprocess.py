@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from server.errors import ServeError, invalid, malformed, too_large
-from server.repository import ImagePreprocessing, ModelConfig, TextPreprocessing
+from lara_serve.server.errors import ServeError, invalid, malformed, too_large
+from lara_serve.server.repository import ImagePreprocessing, ModelConfig, TextPreprocessing
 
 IDS, MASK, PIXELS = "input_ids", "attention_mask", "pixel_values"
 

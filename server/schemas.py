@@ -9,7 +9,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator
 
-from server.errors import malformed
+from lara_serve.server.errors import malformed
 
 B = TypeVar("B", bound=BaseModel)
 T = TypeVar("T")
@@ -170,7 +170,7 @@ class ClassifyResponse(BaseModel):
     predictions: list[ClassifiedFile]
 
 
-MAX_PASSAGES_RANGE = (2, 64)  # what an :explain request may ask for (server.explain)
+MAX_PASSAGES_RANGE = (2, 64)  # what an :explain request may ask for (lara_serve.server.explain)
 
 
 class V1ExplainParameters(V1Parameters):

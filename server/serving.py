@@ -30,8 +30,8 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from server.errors import ErrorKind, ServeError
-from server.routes.common import AppState
+from lara_serve.server.errors import ErrorKind, ServeError
+from lara_serve.server.routes.common import AppState
 
 log = logging.getLogger(__name__)
 FD_RESERVE = 64  # descriptors kept for model files, logs, the listener and library threads

@@ -1,6 +1,6 @@
 """Server settings: flags > environment variables (prefix `LARA_`) > defaults.
 
-Each field's description states its trade-off; `python -m server --help` prints them. Impossible
+Each field's description states its trade-off; `python -m lara_serve.server --help` prints them. Impossible
 combinations are refused when the settings are built, i.e. at start-up, not at the first request.
 """
 
@@ -49,14 +49,14 @@ class Settings(BaseSettings):
         False,
         description="onnxruntime: let idle intra-op threads busy-wait for the next parallel section. Off: "
         "a request's CPU time halves (12.8 -> 6.2 ms per lara-vit-fashion request here, "
-        "docs/protocols.md) at the same latency on an idle machine; on a shared or loaded machine the "
+        "docs/performance.md) at the same latency on an idle machine; on a shared or loaded machine the "
         "spinning only takes cores from the event loop and other work. On: maybe a little lower latency "
         "on cores nothing else uses.",
     )
     ort_long_via_torch: bool = Field(
         True,
         description="onnxruntime on CPU: text documents longer than 65,536 tokens run on the same model's "
-        "torch forward over slices (model_export.long_forward) when the [train] extra (torch) is installed "
+        "torch forward over slices (lara_serve.model_export.models.long_forward) when the [train] extra (torch) is installed "
         "and the model has model.safetensors: ~1.7 KB of memory per byte instead of onnxruntime's ~7.6 "
         "(2.6 GB vs 8 GB above the idle server at 1 MiB, benchmarks.long_serving). Off, or without them: onnxruntime runs every length.",
     )

@@ -219,7 +219,7 @@ def make_image_model(
 
 
 def load_synthetic(model_dir: Path) -> Any:
-    """The torch twin of a synthetic model (same weights): a stand-in for model_export.load_pretrained."""
+    """The torch twin of a synthetic model (same weights): a stand-in for lara_serve.model_export.load_pretrained."""
     import torch
     from safetensors.torch import load_file
 

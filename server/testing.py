@@ -22,19 +22,30 @@ def free_port() -> int:
 
 @contextmanager
 def server_process(
-    args: Sequence[str] = (), env: dict[str, str] | None = None, timeout_s: float = 60.0, new_session: bool = False
+    args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    timeout_s: float = 60.0,
+    new_session: bool = False,
+    python: str = sys.executable,
+    cwd: str | None = None,
 ) -> Iterator[str]:
-    """`python -m server ARGS` on 127.0.0.1:<free port>; yields its base URL once /v2/health/ready is 200.
+    """`python -m lara_serve.server ARGS` on 127.0.0.1:<free port>; yields its base URL once /v2/health/ready is 200.
 
     `new_session`: the server leads its own session (its pid is the session id). Where the kernel groups
     processes by session for CPU shares (Linux autogroup), a server in the caller's session competes with
     the caller (a load generator, other jobs) for ONE share; benchmarks that set a peer apart must do the same.
+    `python`, `cwd`: another environment's interpreter (an install under test), run from another folder.
     """
     port = free_port()
-    cmd = [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port), *args]
+    cmd = [python, "-m", "lara_serve.server", "--host", "127.0.0.1", "--port", str(port), *args]
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(
-            cmd, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT, start_new_session=new_session
+            cmd,
+            env={**os.environ, **(env or {})},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=new_session,
+            cwd=cwd,
         )
         url = f"http://127.0.0.1:{port}"
         try:

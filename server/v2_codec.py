@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from server.errors import invalid, malformed
-from server.schemas import OFF_LOOP_BYTES, V2InferRequest, parse_body, run_parser
+from lara_serve.server.errors import invalid, malformed
+from lara_serve.server.schemas import OFF_LOOP_BYTES, V2InferRequest, parse_body, run_parser
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 NUMERIC_DTYPES: dict[str, np.dtype] = {

@@ -1,7 +1,7 @@
 """Shared test set-up.
 
 TRITON_INTERPRET must be set before any @triton.jit kernel is decorated, i.e. before the first import of
-kernels._triton, so that the Triton kernels run on the CPU interpreter in tests (platform.md).
+lara_serve.kernels._triton, so that the Triton kernels run on the CPU interpreter in tests (platform.md).
 """
 
 import os

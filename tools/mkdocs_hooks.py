@@ -79,7 +79,7 @@ def _rewrite(markdown: str, page_uri: str) -> str:
 
 
 def settings_table() -> str:
-    from server.settings import Settings
+    from lara_serve.server.settings import Settings
 
     rows = ["| setting | environment variable | default | what it does, and its trade-off |", "|---|---|---|---|"]
     for name, field in Settings.model_fields.items():

@@ -2,7 +2,7 @@
 
     .venv/bin/python -m tools.screenshot [--out docs] [--model lara-text-news]
 
-Starts `python -m server` on a free 127.0.0.1 port with the shipped models, sends a few documents of other
+Starts `python -m lara_serve.server` on a free 127.0.0.1 port with the shipped models, sends a few documents of other
 lengths through the API (so the page's latency chart has bars), opens /ui in Debian's headless Chromium
 (playwright from PyPI drives it; no browser is downloaded), classifies examples/article.txt and saves a
 full-page screenshot. Every request the page makes outside loopback is refused. ui.json records the card's
@@ -23,7 +23,7 @@ from urllib.parse import urlparse
 
 import httpx
 
-from server.testing import server_process
+from lara_serve.server.testing import server_process
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

@@ -68,15 +68,15 @@ COVERING_TESTS: dict[str, list[str]] = {
         "tests/clients/test_loadtest_timing.py::test_arrival_offsets",
     ],
     # model_export's data loading: a slip here trains and evaluates every model on the wrong examples.
-    "model_export/data.py": [
+    "model_export/training/data.py": [
         "tests/model_export/test_data_batches.py",
         "tests/model_export/test_data.py",
     ],
-    "model_export/tasks.py": [
+    "model_export/training/tasks.py": [
         "tests/model_export/test_data_batches.py",
         "tests/model_export/test_image_augment.py",
     ],
-    "model_export/userdata.py": [
+    "model_export/your_data/loader.py": [
         "tests/model_export/test_userdata_edges.py",
         "tests/model_export/test_userdata.py",
     ],
@@ -86,7 +86,7 @@ COVERING_TESTS: dict[str, list[str]] = {
 # mutated whole. tasks.py: the batching and splitting of examples; its dataset readers (`text_docs`,
 # `load_task`) need the installed corpora and are covered by the slower k-fold and training tests.
 SCOPE: dict[str, tuple[str, ...]] = {
-    "model_export/tasks.py": (
+    "model_export/training/tasks.py": (
         "_augment_images", "_rotate_images", "ImageTask", "SequenceTask", "fold_split", "is_train_split",
         "document_ids", "_subset",
     ),
@@ -160,23 +160,23 @@ EQUIVALENT: dict[str, str] = {
     "clients.loadtest.rigour:WindowStats:True -> False:@dataclass(frozen=True)#0": _FROZEN_WHY,
     "clients.loadtest.rigour:Stability:True -> False:@dataclass(frozen=True)#0": _FROZEN_WHY,
     "clients.loadtest.schedule:LoadPoint:True -> False:@dataclass(frozen=True)#0": _FROZEN_WHY,
-    "model_export.tasks:_augment_images:< -> <=:flip = torch.rand(b, generator=g) < 0.5#0": (
+    "model_export.training.tasks:_augment_images:< -> <=:flip = torch.rand(b, generator=g) < 0.5#0": (
         "torch.rand draws from a grid of 2**24 floats in [0, 1): exactly 0.5 comes once in 16 million images, so the "
         "chance of a flip stays one half"
     ),
-    f"model_export.tasks:ImageTask.train_batches:> -> >=:{_NO_ROTATION}": _NO_ROTATION_WHY,
-    f"model_export.tasks:ImageTask.train_batches:0 -> -1:{_NO_ROTATION}": _NO_ROTATION_WHY,
+    f"model_export.training.tasks:ImageTask.train_batches:> -> >=:{_NO_ROTATION}": _NO_ROTATION_WHY,
+    f"model_export.training.tasks:ImageTask.train_batches:0 -> -1:{_NO_ROTATION}": _NO_ROTATION_WHY,
     **{
-        f"model_export.userdata:<module>:{change}:{_CSV_LIMIT}": _CSV_LIMIT_WHY
+        f"model_export.your_data.loader:<module>:{change}:{_CSV_LIMIT}": _CSV_LIMIT_WHY
         for change in ("- -> +", "2 -> 3", "31 -> 32", "1 -> 2", "1 -> 0")
     },
     **{
-        f'model_export.userdata:fingerprint:{change}:for block in iter(lambda fh=fh: fh.read(1 << 20), b""):#0': (
+        f'model_export.your_data.loader:fingerprint:{change}:for block in iter(lambda fh=fh: fh.read(1 << 20), b""):#0': (
             "changes only the size of the blocks fed to the one hash, in order: the digest is the same"
         )
         for change in ("1 -> 2", "20 -> 21")
     },
-    "model_export.userdata:image_shape:0 -> -1:return sides.most_common(1)[0][0], 3 if colour else 1#0": (
+    "model_export.your_data.loader:image_shape:0 -> -1:return sides.most_common(1)[0][0], 3 if colour else 1#0": (
         "most_common(1) is a one-element list: its [-1] is its [0]"
     ),
 }

@@ -41,7 +41,7 @@ _SYMBOL = {
 
 @dataclass(frozen=True)
 class Mutant:
-    module: str  # dotted name, e.g. server.batcher
+    module: str  # dotted name, e.g. lara_serve.server.batcher
     line: int
     function: str  # qualified name of the enclosing function or class ("<module>" at top level)
     operator: str  # cmp | arith | const | bool | loop | stmt | return

@@ -22,7 +22,7 @@ from pathlib import Path
 from benchmarks.mutation.operators import Mutant
 
 # What a mutant's test run needs of the project; the rest (results, model repository) is linked, not copied.
-_COPIED = ("server", "clients", "kernels", "model_export", "tests", "pyproject.toml")
+_COPIED = ("lara_serve", "server", "clients", "kernels", "model_export", "tests", "pyproject.toml")
 _LINKED = ("model_repository", "data_cache")
 PYTEST_ARGS = ("-x", "-q", "-rfE", "-p", "no:cacheprovider", "--hypothesis-seed=0", "-o", "addopts=", "--timeout=60")
 

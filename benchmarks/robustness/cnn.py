@@ -2,7 +2,7 @@
 
 Two 3x3 convolution blocks (32 and 64 channels, max-pooled) and a 128-unit hidden layer: what a practitioner
 would try first on 28x28 images. It trains on the ViT's training split (train minus the seeded holdout) with
-the same crop-and-flip augmentation (`model_export.tasks.ImageTask`) for `budget_s` seconds of wall time,
+the same crop-and-flip augmentation (`lara_serve.model_export.training.tasks.ImageTask`) for `budget_s` seconds of wall time,
 AdamW 2e-3 with cosine decay over the budget. The weights are cached under runs/robustness/ by budget and
 seed, so a rerun of the suite does not retrain.
 """
@@ -62,7 +62,7 @@ class CnnAnchor:
 
 
 def _train(model: SmallCNN, budget_s: float, mean: float, std: float, seed: int) -> tuple[float, int]:
-    from model_export.tasks import ImageTask, load_task
+    from lara_serve.model_export.training.tasks import ImageTask, load_task
 
     torch.manual_seed(seed)
     task = load_task("fashion", "train", type("Cfg", (), {"mean": mean, "std": std})())

@@ -16,7 +16,7 @@ import numpy as np
 from benchmarks.robustness import perturb, stats
 from benchmarks.robustness.cnn import CnnAnchor
 from benchmarks.robustness.runners import OnnxImage, Outputs, ood_row
-from model_export.calibration import calibration_bins
+from lara_serve.model_export.head.calibration import calibration_bins
 
 NOISE_SIGMA = 25.0
 Log = Callable[[str], None]
@@ -58,7 +58,7 @@ def _case(m: Outputs, a: Outputs, y: np.ndarray) -> dict[str, Any]:
 
 
 def run_image(model: OnnxImage, s: ImageSettings, log: Log = print) -> dict[str, Any]:
-    from model_export.data import load_fashion
+    from lara_serve.model_export.training.data import load_fashion
 
     images, labels = load_fashion("test")
     x, y = images[:, 0].numpy(), labels.numpy()

@@ -1,6 +1,6 @@
 """The suite's perturbations: label-preserving changes of an article, filler placement, image transforms.
 
-Written apart from `model_export.augment` (training's perturbations) on purpose: the markup, the typo model
+Written apart from `lara_serve.model_export.training.augment` (training's perturbations) on purpose: the markup, the typo model
 and the filler placement here are not the ones training saw, so the suite measures robustness to a class of
 change, not recall of one recipe.
 """

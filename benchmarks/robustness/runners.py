@@ -2,7 +2,7 @@
 
 Every runner maps a batch of inputs to `Outputs`: class probabilities [N, C] and, where the model's graph
 has it, `ood_score` [N] (higher = less like the training data). Today's graphs have `logits` only; after
-`model_export.finalize` they also have `ood_score`, and their logits are already divided by the
+`lara_serve.model_export.head.finalize` they also have `ood_score`, and their logits are already divided by the
 calibration temperature, so softmax(logits) is the served probability either way.
 """
 
@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from benchmarks.robustness.stats import softmax
-from model_export.export import make_session
-from model_export.long_docs import length_groups
+from lara_serve.model_export.export.exporter import make_session
+from lara_serve.model_export.training.long_docs import length_groups
 
 ROOT = Path(__file__).resolve().parents[2]
 REPOSITORY = ROOT / "model_repository"
@@ -106,13 +106,13 @@ class OnnxImage(OnnxModel):
 
 
 class TfidfAnchor:
-    """TF-IDF word 1-2-grams + logistic regression (model_export.distill.tfidf_classifier) fit on the same
+    """TF-IDF word 1-2-grams + logistic regression (lara_serve.model_export.training.distill.tfidf_classifier) fit on the same
     training split as the model; it reads the same (truncated) bytes, decoded as UTF-8."""
 
     name = "tfidf-logreg"
 
     def __init__(self, texts: Sequence[str], labels: Sequence[int], num_classes: int) -> None:
-        from model_export.distill import tfidf_classifier
+        from lara_serve.model_export.training.distill import tfidf_classifier
 
         t0 = time.perf_counter()
         self.clf = tfidf_classifier().fit(list(texts), list(labels))

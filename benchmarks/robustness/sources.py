@@ -1,6 +1,6 @@
 """Evaluation text sources: filler and out-of-domain items, disjoint from the training filler.
 
-`model_export.augment.FillerBank` trains on Python's standard library, installed packages' METADATA and
+`lara_serve.model_export.training.augment.FillerBank` trains on Python's standard library, installed packages' METADATA and
 licence files (less the families in `EVAL_LICENCE_FAMILIES`), generated web markup and word salad. The
 suite draws only on what training never reads:
 - lorem: lorem ipsum generated here from the classic Latin word list;
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
-from model_export.augment import EVAL_LICENCE_FAMILIES
+from lara_serve.model_export.training.augment import EVAL_LICENCE_FAMILIES
 
 FILLER_SOURCES = ("lorem", "licence", "code", "prose", "nonenglish")
 OOD_TEXT_SOURCES = ("random", "code", "nonenglish", "lorem")

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from model_export.calibration import ECE_BINS, expected_calibration_error
+from lara_serve.model_export.head.calibration import ECE_BINS, expected_calibration_error
 
 Z95 = 1.959963984540054
 

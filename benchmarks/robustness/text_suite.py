@@ -21,7 +21,7 @@ import numpy as np
 
 from benchmarks.robustness import perturb, sources, stats
 from benchmarks.robustness.runners import OnnxText, Outputs, TfidfAnchor, ood_row
-from model_export.calibration import calibration_bins
+from lara_serve.model_export.head.calibration import calibration_bins
 
 SOTU_LENGTHS_KB = (1, 2, 4, 16)
 Log = Callable[[str], None]
@@ -48,7 +48,7 @@ def _dataset(model: OnnxText) -> str:
 
 def _test_docs(dataset: str, limit: int | None, seed: int) -> tuple[list[bytes], list[int]]:
     """The test split in a seeded order (every class in any prefix, about in proportion), cut to `limit`."""
-    from model_export.tasks import text_docs
+    from lara_serve.model_export.training.tasks import text_docs
 
     texts, labels = text_docs(dataset, "test")
     order = list(range(len(texts)))
@@ -74,7 +74,7 @@ def _ood_sets(dataset: str, lengths: list[int], n: int, seed: int) -> dict[str, 
     sets = {name: [sources.sampler(name)(random.Random(f"ood:{name}:{seed}:{i}"), k) for i, k in enumerate(sizes)]
             for name in sources.OOD_TEXT_SOURCES}  # fmt: skip
     if dataset == "news":  # text of another kind: Brown fiction, head cut to a news-like length
-        from model_export.brown import load_brown
+        from lara_serve.model_export.training.brown import load_brown
 
         fiction = [d.text.encode("utf-8") for s in ("train", "test") for d in load_brown(s) if d.label == 3]
         sets["brown_fiction"] = [fiction[i % len(fiction)][:k] for i, k in enumerate(sizes)]
@@ -137,7 +137,7 @@ def _bbc_as_press(
     """The genre model on BBC News test articles, each one's true genre press (loaded from the installed
     package at run time, never stored): accuracy on the first 2 KB and whole, and how much of it the model's
     ood score flags (not counted as out-of-domain: a new source of a known class should be answered)."""
-    from model_export.data import load_news
+    from lara_serve.model_export.training.data import load_news
 
     news = [d.text.encode("utf-8") for d in load_news("test")]
     raws = random.Random(f"newsource:bbc:{s.seed}").sample(news, min(s.new_source, len(news)))
@@ -155,7 +155,7 @@ def _bbc_as_press(
 
 
 def run_text(model: OnnxText, s: TextSettings, log: Log = print) -> dict[str, Any]:
-    from model_export.tasks import text_docs
+    from lara_serve.model_export.training.tasks import text_docs
 
     dataset = _dataset(model)
     train_texts, train_labels = text_docs(dataset, "train")

@@ -1,16 +1,24 @@
 """Load tester: latency and throughput vs input length and load, for one or several models.
 
-`python -m clients loadtest --model NAME --lengths 1K,4K,16K --concurrency 1,8 --out DIR` (see cli.py).
+`python -m lara_serve.clients loadtest --model NAME --lengths 1K,4K,16K --concurrency 1,8 --out DIR` (see cli.py).
 The parts: inputs (what is sent), protocol (how, per route), schedule (closed/open loop arrivals),
 runner (one cell), rigour (measurement windows and their stability, thin percentiles, achieved vs offered
 rate), sweep (all cells), report (statistics), writers (JSON, CSV, table), charts (PNG), html (report.html).
 """
 
-from clients.loadtest.cli import check_loopback, main
-from clients.loadtest.inputs import InputError, InputGroup, Payload, builtin, from_paths, make_doc, synthetic_text
-from clients.loadtest.report import Cell, Report, Target
-from clients.loadtest.schedule import LoadPoint, arrival_offsets
-from clients.loadtest.sweep import SweepPlan, run_sweep
+from lara_serve.clients.loadtest.cli import check_loopback, main
+from lara_serve.clients.loadtest.inputs import (
+    InputError,
+    InputGroup,
+    Payload,
+    builtin,
+    from_paths,
+    make_doc,
+    synthetic_text,
+)
+from lara_serve.clients.loadtest.report import Cell, Report, Target
+from lara_serve.clients.loadtest.schedule import LoadPoint, arrival_offsets
+from lara_serve.clients.loadtest.sweep import SweepPlan, run_sweep
 
 __all__ = [
     "Cell",

@@ -1,7 +1,7 @@
-"""`python -m clients.loadtest ...`, the same as `python -m clients loadtest ...`."""
+"""`python -m lara_serve.clients.loadtest ...`, the same as `python -m lara_serve.clients loadtest ...`."""
 
 import sys
 
-from clients.loadtest.cli import main
+from lara_serve.clients.loadtest.cli import main
 
-sys.exit(main(prog="python -m clients.loadtest"))
+sys.exit(main(prog="python -m lara_serve.clients.loadtest"))

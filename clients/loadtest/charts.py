@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.ticker import FuncFormatter, NullFormatter  # noqa: E402
 
-from clients.loadtest.report import Cell  # noqa: E402
+from lara_serve.clients.loadtest.report import Cell  # noqa: E402
 
 _STYLES = ["-", "--", ":", "-."]
 _MARKERS = ["o", "s", "^", "D", "v"]

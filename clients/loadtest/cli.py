@@ -1,4 +1,4 @@
-"""`python -m clients loadtest ...`: argument parsing, target discovery, outputs, exit status.
+"""`python -m lara_serve.clients loadtest ...`: argument parsing, target discovery, outputs, exit status.
 
 Exit status: 0 when every cell's error rate is within --fail-on-error-rate and every cell got at least one
 successful response (or --allow-failed-cells); 1 when not, or the server cannot be reached or does not
@@ -22,8 +22,8 @@ from urllib.parse import urlparse
 
 import httpx
 
-from clients.loadtest.html import write_html
-from clients.loadtest.inputs import (
+from lara_serve.clients.loadtest.html import write_html
+from lara_serve.clients.loadtest.inputs import (
     BUILTIN_KINDS,
     BUILTIN_SETS,
     InputError,
@@ -34,16 +34,18 @@ from clients.loadtest.inputs import (
     synthetic_images,
     synthetic_text,
 )
-from clients.loadtest.protocol import ROUTES
-from clients.loadtest.report import Report, Target
-from clients.loadtest.rigour import Stability
-from clients.loadtest.schedule import LoadPoint
-from clients.loadtest.sweep import SweepPlan, check_plan, run_sweep
-from clients.loadtest.writers import format_table, write_csv, write_json
+from lara_serve.clients.loadtest.protocol import ROUTES
+from lara_serve.clients.loadtest.report import Report, Target
+from lara_serve.clients.loadtest.rigour import Stability
+from lara_serve.clients.loadtest.schedule import LoadPoint
+from lara_serve.clients.loadtest.sweep import SweepPlan, check_plan, run_sweep
+from lara_serve.clients.loadtest.writers import format_table, write_csv, write_json
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 DEFAULT_LENGTHS = [1024, 4096]
-EXAMPLE = "python -m clients loadtest --model lara-text-news --lengths 1K,4K,16K --concurrency 1,8 --out results/"
+EXAMPLE = (
+    "python -m lara_serve.clients loadtest --model lara-text-news --lengths 1K,4K,16K --concurrency 1,8 --out results/"
+)
 
 
 class ServerError(RuntimeError):
@@ -83,7 +85,7 @@ def _floats(text: str) -> list[float]:
     return [float(v) for v in text.split(",") if v.strip()]
 
 
-def build_parser(prog: str = "python -m clients loadtest") -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m lara_serve.clients loadtest") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=f"Load-test LARA Serve: latency vs input length and load. "
                                 f"Example: {EXAMPLE}")  # fmt: skip
     p.add_argument("--url", action="append", help=f"server URL, repeatable (env LARA_URL; default {DEFAULT_URL})")
@@ -172,7 +174,7 @@ def discover(urls: list[str], models: list[str], api_key: str | None) -> list[Ta
                     meta = http.get(f"/v2/models/{model}") if info.status_code == 200 else None
                 except httpx.HTTPError as exc:
                     raise ServerError(f"cannot reach the server at {url} ({type(exc).__name__}: {exc}); "
-                                      "is it running? (python -m server)") from None  # fmt: skip
+                                      "is it running? (python -m lara_serve.server)") from None  # fmt: skip
                 if info.status_code != 200:
                     raise ServerError(f"{url} /v1/models/{model}: HTTP {info.status_code}: {info.text[:300]}")
                 task = info.json().get("task")
@@ -226,7 +228,7 @@ def _write_outputs(report: Report, out: Path) -> None:
     written = [write_json(report, out / "report.json"), write_csv(report.cells, out / "report.csv")]
     charts: list[Path] = []
     try:
-        from clients.loadtest.charts import write_charts
+        from lara_serve.clients.loadtest.charts import write_charts
     except ImportError as exc:  # matplotlib is in the [loadtest] extra; the lean install lacks it
         print(f"note: no PNG charts ({exc}); report.html has the table. For charts: pip install -e '.[loadtest]' "
               "(matplotlib, tqdm) and rerun", file=sys.stderr)  # fmt: skip
@@ -236,7 +238,7 @@ def _write_outputs(report: Report, out: Path) -> None:
     print("wrote " + ", ".join(str(p) for p in written), file=sys.stderr)
 
 
-def main(argv: Sequence[str] | None = None, prog: str = "python -m clients loadtest") -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "python -m lara_serve.clients loadtest") -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(prog)
     args = parser.parse_args(argv)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from html import escape
 from pathlib import Path
 
-from clients.loadtest.report import Cell, Report
+from lara_serve.clients.loadtest.report import Cell, Report
 
 _COLUMNS = [
     ("target", "target"), ("route", "route"), ("input", "input"), ("load", "load"), ("requests", "n"),
@@ -61,7 +61,7 @@ def render(report: Report, charts: list[Path]) -> str:
     return (
         f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>LARA load test</title>'
         f"<style>{_STYLE}</style></head><body><h1>LARA load test</h1>"
-        f"<p><code>python -m clients loadtest {escape(argv)}</code><br>started "
+        f"<p><code>python -m lara_serve.clients loadtest {escape(argv)}</code><br>started "
         f"{escape(str(report.settings.get('started_utc', '')))}; latency in ms "
         f"{escape(str(report.settings.get('latency', '')))}</p>{verdict}"
         f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(_row(c) for c in report.cells)}</tbody></table>"

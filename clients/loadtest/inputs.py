@@ -129,7 +129,7 @@ def from_paths(paths: Sequence[Path]) -> InputGroup:
 
 
 def _bbc() -> InputGroup:
-    from model_export.data import DataUnavailable, load_news
+    from lara_serve.model_export.training.data import DataUnavailable, load_news
 
     try:
         docs = load_news("test")
@@ -141,9 +141,11 @@ def _bbc() -> InputGroup:
 
 def _brown() -> InputGroup:
     try:
-        from model_export.brown import BrownUnavailable, load_brown
+        from lara_serve.model_export.training.brown import BrownUnavailable, load_brown
     except ImportError:
-        raise InputError("built-in set 'brown' needs model_export.brown, which this checkout lacks") from None
+        raise InputError(
+            "built-in set 'brown' needs lara_serve.model_export.training.brown, which this checkout lacks"
+        ) from None
     try:
         docs = load_brown("test")
     except BrownUnavailable as exc:
@@ -155,7 +157,7 @@ def _brown() -> InputGroup:
 def _fashion() -> InputGroup:
     from PIL import Image
 
-    from model_export.data import DataUnavailable, load_fashion
+    from lara_serve.model_export.training.data import DataUnavailable, load_fashion
 
     try:
         images, _ = load_fashion("test")

@@ -12,7 +12,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Literal
 
-from clients.loadtest.inputs import InputError, Payload
+from lara_serve.clients.loadtest.inputs import InputError, Payload
 
 Route = Literal["predict", "classify", "v2-json", "v2-binary"]
 ROUTES: tuple[str, ...] = ("predict", "classify", "v2-json", "v2-binary")

@@ -12,10 +12,10 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from clients.loadtest.inputs import InputGroup
-from clients.loadtest.rigour import percentile_warnings, rate_warning
-from clients.loadtest.runner import CellRun
-from clients.loadtest.schedule import LoadPoint
+from lara_serve.clients.loadtest.inputs import InputGroup
+from lara_serve.clients.loadtest.rigour import percentile_warnings, rate_warning
+from lara_serve.clients.loadtest.runner import CellRun
+from lara_serve.clients.loadtest.schedule import LoadPoint
 
 PERCENTILES = (50, 90, 95, 99)
 

@@ -13,7 +13,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from clients.loadtest.runner import CellRun
+from lara_serve.clients.loadtest.runner import CellRun
 
 STABLE_WINDOWS = 3  # as perf_analyzer: three consecutive windows must agree
 # A percentile q needs at least one sample above it: n >= 100 / (100 - q). Below that, p99 is the max.

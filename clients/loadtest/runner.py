@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import httpx
 
-from clients.loadtest.protocol import PreparedRequest
-from clients.loadtest.schedule import LoadPoint, arrival_offsets
+from lara_serve.clients.loadtest.protocol import PreparedRequest
+from lara_serve.clients.loadtest.schedule import LoadPoint, arrival_offsets
 
 # Response headers the server sets on every answered inference (server/routes/common.py, server/app.py).
 SERVER_HEADERS = {

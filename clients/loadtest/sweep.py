@@ -20,12 +20,12 @@ from typing import Any
 
 import httpx
 
-from clients.loadtest.inputs import InputError, InputGroup, kind_hint
-from clients.loadtest.protocol import PreparedRequest, Route, prepare, unsupported_reason
-from clients.loadtest.report import Cell, Target, skipped_cell, summarize
-from clients.loadtest.rigour import STABLE_WINDOWS, Stability, WindowStats, is_stable, merge, window_stats
-from clients.loadtest.runner import CellRun, Sample, run_cell
-from clients.loadtest.schedule import LoadPoint
+from lara_serve.clients.loadtest.inputs import InputError, InputGroup, kind_hint
+from lara_serve.clients.loadtest.protocol import PreparedRequest, Route, prepare, unsupported_reason
+from lara_serve.clients.loadtest.report import Cell, Target, skipped_cell, summarize
+from lara_serve.clients.loadtest.rigour import STABLE_WINDOWS, Stability, WindowStats, is_stable, merge, window_stats
+from lara_serve.clients.loadtest.runner import CellRun, Sample, run_cell
+from lara_serve.clients.loadtest.schedule import LoadPoint
 
 MAX_REQUESTS_PER_CELL = 100_000
 MAX_SECONDS_PER_CELL = 600.0

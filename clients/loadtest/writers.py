@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from clients.loadtest.report import Cell, Report
+from lara_serve.clients.loadtest.report import Cell, Report
 
 CSV_COLUMNS = [
     "target", "model", "url", "backend", "route", "input", "input_kind", "input_bytes", "mode", "load",

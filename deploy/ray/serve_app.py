@@ -42,7 +42,7 @@ RAY_KEYS = {"num_replicas", "num_cpus", "model"}
 
 def split_args(args: dict[str, str] | None) -> tuple[dict[str, str], dict[str, str]]:
     """`serve run` key=value args -> (LARA settings overrides, Ray options); unknown keys are refused."""
-    from server.settings import Settings
+    from lara_serve.server.settings import Settings
 
     settings, ray_options = {}, {}
     for key, value in (args or {}).items():
@@ -92,8 +92,8 @@ def ingress_app(args: dict[str, str] | None = None) -> Any:
         raise ValueError("ingress_app serves every model of the repository; restrict them with models=a,b")
 
     def build_app() -> Any:  # runs on each replica
-        from server.app import create_app
-        from server.settings import Settings
+        from lara_serve.server.app import create_app
+        from lara_serve.server.settings import Settings
 
         return create_app(Settings(**overrides))
 
@@ -122,7 +122,7 @@ def batched_app(args: dict[str, str] | None = None) -> Any:
     if not model_name:
         raise ValueError("batched_app needs model=<name> (a folder of the model repository)")
 
-    from server.settings import Settings
+    from lara_serve.server.settings import Settings
 
     settings = Settings(**overrides)  # validated here, in the driver, before anything is deployed
     budget, max_items = settings.max_batch_tokens, settings.max_batch_size
@@ -132,7 +132,7 @@ def batched_app(args: dict[str, str] | None = None) -> Any:
     @serve.deployment(name=f"lara-{model_name}", **options)
     class LaraBatched:
         def __init__(self) -> None:
-            from server.models import load_models
+            from lara_serve.server.models import load_models
 
             self.settings = settings.model_copy(update={"models": [model_name]})
             (self.model,) = load_models(self.settings).values()  # loads, checks and warms up
@@ -148,7 +148,7 @@ def batched_app(args: dict[str, str] | None = None) -> Any:
             return await asyncio.to_thread(self._run, items)
 
         def _run(self, items: list[Any]) -> list[Any]:
-            from server.preprocess import collate, softmax
+            from lara_serve.server.preprocess import collate, softmax
 
             logits = self.model.backend.run(collate(items, self.model.config))
             return list(softmax(logits))
@@ -169,7 +169,7 @@ def batched_app(args: dict[str, str] | None = None) -> Any:
         async def __call__(self, request: Any) -> Any:
             from starlette.responses import JSONResponse
 
-            from server.errors import HTTP_STATUS, ServeError
+            from lara_serve.server.errors import HTTP_STATUS, ServeError
 
             truncate = request.query_params.get("truncate", "false").lower() in {"1", "true", "yes"}
             try:

@@ -1,6 +1,6 @@
 """Fused Triton kernels for the LARA forward (eval and fixed-noise modes; spec 5.3-5.4).
 
-Same math as `kernels.reference.lara_attention_ref`, with the exact algebra of `kernels/_cpu.py`:
+Same math as `lara_serve.kernels.reference.lara_attention_ref`, with the exact algebra of `kernels/_cpu.py`:
 the -||q||^2/(2 sqrt d) term of log xi(q_n, w_c) cancels in the softmax over samples and is never
 formed, and softmax_c(log alpha + log r) is computed as alpha * exp(log r - max) / sum (no log).
 Every log-space quantity inside the kernels is in base 2 (natural log times log2(e)), so that each
@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.reference import ALPHA_FLOOR
+from lara_serve.kernels.reference import ALPHA_FLOOR
 
 LOG2E = 1.4426950408889634  # log2(e): natural-log quantities times this are base-2
 
@@ -378,7 +378,7 @@ def lara_forward_triton(
     *,
     config: LaunchConfig | None = None,
 ) -> Tensor:
-    """LARA forward with the fused kernels; same contract as `kernels._cpu.lara_forward_cpu`.
+    """LARA forward with the fused kernels; same contract as `lara_serve.kernels._cpu.lara_forward_cpu`.
 
     q, k, v: [B, H, N, D] fp16/bf16/fp32, D in {16, 32, 64, 128}; q_landmarks, k_landmarks: [B, H, C, D],
     C <= 256; key_padding_mask: [B, N] bool (True = padding) or None; noise: [B or 1, H, C, D] or None.

@@ -9,43 +9,33 @@ exactly what is missing instead of failing at the first request.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
 
-import numpy as np
+from lara_serve.server.backends.base import (
+    Backend,
+    BackendName,
+    BackendUnavailable,
+    Device,
+    ModelOutputs,
+    OrtAttention,
+    check_logits,
+    check_outputs,
+    run_outputs,
+)
+from lara_serve.server.repository import ModelConfig
 
-from server.repository import OOD_OUTPUT, ModelConfig
-
-BackendName = Literal["onnxruntime", "torch"]
-Device = Literal["cpu", "cuda"]
-# How onnxruntime runs LaraAttention nodes on the CPU (settings.ort_attention).
-OrtAttention = Literal["auto", "fused", "body"]
-
-
-@dataclass(frozen=True)
-class ModelOutputs:
-    logits: np.ndarray  # [batch, n_labels] float32
-    ood_score: np.ndarray | None = None  # [batch] float32, when the model has the output
-
-
-class Backend(Protocol):
-    name: str
-    device: str
-
-    def run(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
-        """Inputs named as in config.json, batch first -> FP32 logits [batch, n_labels]."""
-        ...
-
-    def run_outputs(self, inputs: dict[str, np.ndarray]) -> ModelOutputs:
-        """The same batch -> logits and, when config.json declares it, ood_score [batch]."""
-        ...
-
-    def close(self) -> None: ...
-
-
-class BackendUnavailable(RuntimeError):
-    """The backend cannot serve this model on this device; the message lists every reason."""
+__all__ = [
+    "Backend",
+    "BackendName",
+    "BackendUnavailable",
+    "Device",
+    "ModelOutputs",
+    "OrtAttention",
+    "check_logits",
+    "check_outputs",
+    "create_backend",
+    "run_outputs",
+]
 
 
 def create_backend(
@@ -59,40 +49,13 @@ def create_backend(
     ort_long_via_torch: bool = True,
 ) -> Backend:
     if name == "onnxruntime":
-        from server.backends.onnx_runtime import OnnxRuntimeBackend
+        from lara_serve.server.backends.onnx_runtime import OnnxRuntimeBackend
 
         return OnnxRuntimeBackend(
             model_dir, config, device, num_threads, ort_attention, ort_spinning, ort_long_via_torch
         )
     if name == "torch":
-        from server.backends.pytorch import TorchBackend
+        from lara_serve.server.backends.pytorch import TorchBackend
 
         return TorchBackend(model_dir, config, device, num_threads)
     raise BackendUnavailable(f"unknown backend {name!r}; choose onnxruntime or torch")
-
-
-def check_logits(logits: np.ndarray, batch: int, config: ModelConfig) -> np.ndarray:
-    """Backends return what the model says; a wrong shape is a broken artifact, refused loudly."""
-    expected = (batch, len(config.labels))
-    if logits.shape != expected:
-        raise RuntimeError(f"model returned logits {logits.shape}, expected {expected}")
-    return np.ascontiguousarray(logits, dtype=np.float32)
-
-
-def run_outputs(backend: Backend, inputs: dict[str, np.ndarray]) -> ModelOutputs:
-    """All outputs of a batch; a backend written before `run_outputs` existed gives logits alone."""
-    method = getattr(backend, "run_outputs", None)
-    return method(inputs) if method is not None else ModelOutputs(backend.run(inputs))
-
-
-def check_outputs(logits: np.ndarray, ood_score: np.ndarray | None, batch: int, config: ModelConfig) -> ModelOutputs:
-    """check_logits, and an ood_score of one value per item when config.json declares one."""
-    checked = check_logits(logits, batch, config)
-    if not config.has_ood_output:
-        return ModelOutputs(checked)
-    if ood_score is None:
-        raise RuntimeError(f"config.json declares output {OOD_OUTPUT!r} but the model did not return it")
-    score = np.asarray(ood_score, dtype=np.float32).reshape(-1) if np.ndim(ood_score) <= 2 else None
-    if score is None or score.shape != (batch,):
-        raise RuntimeError(f"model returned {OOD_OUTPUT} {np.shape(ood_score)}, expected ({batch},)")
-    return ModelOutputs(checked, np.ascontiguousarray(score))

@@ -1,11 +1,11 @@
 """ONNX Runtime backend over `<model>/<version>/model.onnx`.
 
 LaraAttention nodes run either as their ONNX function body (inlined by onnxruntime at load) or, on the
-CPU, as the fused C++ kernel registered as a custom op (`kernels.ort_library`); `attention_kernel` says
+CPU, as the fused C++ kernel registered as a custom op (`lara_serve.kernels.ort_library`); `attention_kernel` says
 which. The kernel is CPU-only: on CUDA the body runs on the GPU.
 
 Text documents longer than LONG_TOKENS go, on the CPU and unless `long_via_torch` is off, to the same model's
-torch forward (model_export.long_forward: the residual stream kept in place, everything per token on
+torch forward (lara_serve.model_export.models.long_forward: the residual stream kept in place, everything per token on
 slices): onnxruntime holds ~7.6 KB per token of such a document where ~2.7 KB is live (research.memory_per_byte;
 8 GB at 1 MiB), the sliced forward ~1.7 KB. Each row takes its path by its own length, never by its batch's,
 so a document's answer does not depend on what it was batched with.
@@ -19,10 +19,17 @@ from typing import Any
 
 import numpy as np
 
-from server.backends import Backend, BackendUnavailable, Device, ModelOutputs, OrtAttention, check_outputs
-from server.repository import ONNX_FILE, OOD_OUTPUT, TORCH_FILE, ModelConfig
+from lara_serve.server.backends.base import (
+    Backend,
+    BackendUnavailable,
+    Device,
+    ModelOutputs,
+    OrtAttention,
+    check_outputs,
+)
+from lara_serve.server.repository import ONNX_FILE, OOD_OUTPUT, TORCH_FILE, ModelConfig
 
-# model_export.long_forward.LONG_FROM: from here on the torch forward runs on slices (kept equal by a test).
+# lara_serve.model_export.models.long_forward.LONG_FROM: from here on the torch forward runs on slices (kept equal by a test).
 LONG_TOKENS = 65536
 
 # onnxruntime's session config keys for busy-waiting worker threads (onnxruntime_session_options_config_keys.h).
@@ -152,7 +159,7 @@ class _TorchForLong:
     def get(self) -> Backend | None:
         if self._backend is None and self.unavailable is None:
             try:
-                from server.backends.pytorch import TorchBackend
+                from lara_serve.server.backends.pytorch import TorchBackend
 
                 self._backend = TorchBackend(self._model_dir, self._config, "cpu", self._threads, self._loader)
             except Exception as exc:  # noqa: BLE001 - any failure: onnxruntime still serves these documents
@@ -175,7 +182,7 @@ class _TorchForLong:
 def _fused_or_body(options: object, attention: OrtAttention) -> str:
     """Register the fused LaraAttention kernel on `options`; "fused", or "body" when it cannot be had."""
     try:
-        from kernels import ort_library
+        from lara_serve.kernels import ort_library
     except ImportError:  # an install that copied server/ alone
         why = "the kernels package is not installed"
         if attention == "auto":

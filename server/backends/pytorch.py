@@ -1,4 +1,4 @@
-"""PyTorch backend: the module from `model_export.load_pretrained(<model dir>)`.
+"""PyTorch backend: the module from `lara_serve.model_export.load_pretrained(<model dir>)`.
 
 On GPU its attention calls `torch.ops.lara.attention` (Triton kernels); on CPU the PyTorch path.
 model_export is imported lazily: servers running onnxruntime do not need it.
@@ -14,18 +14,18 @@ from typing import Any
 
 import numpy as np
 
-from server.backends import BackendUnavailable, Device, ModelOutputs, check_outputs
-from server.repository import OOD_OUTPUT, TORCH_FILE, ModelConfig
+from lara_serve.server.backends.base import BackendUnavailable, Device, ModelOutputs, check_outputs
+from lara_serve.server.repository import OOD_OUTPUT, TORCH_FILE, ModelConfig
 
 Loader = Callable[[Path], Any]
 
 
 def default_loader() -> Loader:
     try:
-        from model_export import load_pretrained
+        from lara_serve.model_export import load_pretrained
     except ImportError as exc:
         raise BackendUnavailable(
-            f"backend=torch needs model_export.load_pretrained(model_dir) -> torch.nn.Module ({exc}); "
+            f"backend=torch needs lara_serve.model_export.load_pretrained(model_dir) -> torch.nn.Module ({exc}); "
             "use backend=onnxruntime or install the model_export package"
         ) from exc
     if "serving" in inspect.signature(load_pretrained).parameters:

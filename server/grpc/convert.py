@@ -1,4 +1,4 @@
-"""KServe v2 gRPC messages <-> the tensors and answers of the HTTP path (server.routes.v2).
+"""KServe v2 gRPC messages <-> the tensors and answers of the HTTP path (lara_serve.server.routes.v2).
 
 Only the wire differs: a ModelInferRequest becomes the same DecodedRequest a JSON or binary HTTP body
 does, and the same answer becomes a ModelInferResponse with every output in raw_output_contents.
@@ -13,10 +13,17 @@ import numpy as np
 from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 
-from server.errors import invalid
-from server.routes.v2 import InferAnswer
-from server.schemas import V2InferRequest
-from server.v2_codec import NUMERIC_DTYPES, DecodedRequest, Tensor, tensor_bytes, tensor_from_bytes, tensor_from_values
+from lara_serve.server.errors import invalid
+from lara_serve.server.routes.v2 import InferAnswer
+from lara_serve.server.schemas import V2InferRequest
+from lara_serve.server.v2_codec import (
+    NUMERIC_DTYPES,
+    DecodedRequest,
+    Tensor,
+    tensor_bytes,
+    tensor_from_bytes,
+    tensor_from_values,
+)
 
 # The typed `contents` field that carries each datatype (the v2 gRPC definition's table).
 _CONTENTS = {

@@ -2,7 +2,7 @@
 
 Every RPC is registered with raw bytes in, so a message that does not parse is INVALID_ARGUMENT with a
 message (not grpc's generic INTERNAL); then the API key, then the same calls the HTTP routes make, and
-ServeError kinds become gRPC codes through server.errors.GRPC_STATUS. Not served (UNIMPLEMENTED): the
+ServeError kinds become gRPC codes through lara_serve.server.errors.GRPC_STATUS. Not served (UNIMPLEMENTED): the
 streaming ModelStreamInfer, shared memory, trace and log settings.
 """
 
@@ -17,10 +17,10 @@ import grpc
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
-from server.errors import GRPC_STATUS, ErrorKind, ServeError, clean_message
-from server.grpc import convert
-from server.routes import triton, v2
-from server.routes.common import AppState, timing_headers, track
+from lara_serve.server.errors import GRPC_STATUS, ErrorKind, ServeError, clean_message
+from lara_serve.server.grpc import convert
+from lara_serve.server.routes import triton, v2
+from lara_serve.server.routes.common import AppState, timing_headers, track
 
 log = logging.getLogger(__name__)
 SERVICE = "inference.GRPCInferenceService"

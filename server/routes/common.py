@@ -16,14 +16,14 @@ import numpy as np
 from fastapi import Depends, Request
 from starlette.requests import ClientDisconnect
 
-from server.batcher import BatchResult
-from server.errors import ErrorKind, ServeError
-from server.inputs import model_bytes
-from server.metrics import Metrics
-from server.models import ModelRegistry, Scored, ServedModel
-from server.preprocess import DecodeBudget, release_free_memory
-from server.schemas import LabelScore, Prediction, run_sized
-from server.settings import Settings
+from lara_serve.server.batcher import BatchResult
+from lara_serve.server.errors import ErrorKind, ServeError
+from lara_serve.server.inputs import model_bytes
+from lara_serve.server.metrics import Metrics
+from lara_serve.server.models import ModelRegistry, Scored, ServedModel
+from lara_serve.server.preprocess import DecodeBudget, release_free_memory
+from lara_serve.server.schemas import LabelScore, Prediction, run_sized
+from lara_serve.server.settings import Settings
 
 
 @dataclass
@@ -60,10 +60,10 @@ class AppState:
 
 @dataclass
 class ClientWatch:
-    """Per request, set by server.app's disconnect watcher: did the client hang up?"""
+    """Per request, set by lara_serve.server.app's disconnect watcher: did the client hang up?"""
 
     disconnected: bool = False
-    shutdown: bool = False  # the drain ended while its body was still arriving (server.serving)
+    shutdown: bool = False  # the drain ended while its body was still arriving (lara_serve.server.serving)
 
 
 client_watch: ContextVar[ClientWatch | None] = ContextVar("lara_client_watch", default=None)
@@ -120,7 +120,7 @@ async def read_body(request: Request) -> bytes:
 
 
 async def upload_bytes(model: ServedModel, request: Request) -> bytes:
-    """A raw (not multipart) upload -> the model's bytes (`server.inputs.model_bytes`). A large text is
+    """A raw (not multipart) upload -> the model's bytes (`lara_serve.server.inputs.model_bytes`). A large text is
     sniffed or re-encoded in the parser thread: decoding 16 MB, to check it is UTF-8 or to convert its
     charset, must not hold the event loop."""
     body = await read_body(request)
@@ -142,7 +142,7 @@ def track(state: AppState, model: str) -> Iterator[None]:
     except ServeError as exc:
         outcome = exc.kind.value
         raise
-    except RecursionError:  # a body nested too deeply for a parser (server.app answers 400)
+    except RecursionError:  # a body nested too deeply for a parser (lara_serve.server.app answers 400)
         outcome = ErrorKind.MALFORMED.value
         raise
     except ClientDisconnect:  # hung up while sending the body

@@ -20,14 +20,22 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from server.errors import invalid, too_large
-from server.inputs import parse_content_type
-from server.model_card import FORM_TYPES
-from server.models import Scored, ServedModel
-from server.preprocess import Item, truncation_side
-from server.routes.common import AppState, State, read_body, require_api_key, timing_headers, track, upload_bytes
-from server.routes.v1 import _form_files, _to_items
-from server.schemas import ErrorBody, parse_large
+from lara_serve.server.content_types import FORM_TYPES
+from lara_serve.server.errors import invalid, too_large
+from lara_serve.server.inputs import parse_content_type
+from lara_serve.server.models import Scored, ServedModel
+from lara_serve.server.preprocess import Item, truncation_side
+from lara_serve.server.routes.common import (
+    AppState,
+    State,
+    read_body,
+    require_api_key,
+    timing_headers,
+    track,
+    upload_bytes,
+)
+from lara_serve.server.routes.v1 import _form_files, _to_items
+from lara_serve.server.schemas import ErrorBody, parse_large
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody} for code in (400, 401, 404, 413, 415, 422, 429, 503, 504)

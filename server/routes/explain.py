@@ -1,4 +1,4 @@
-"""KServe v1 `:explain` for text models: the passages that decided a label (server.explain does the work)."""
+"""KServe v1 `:explain` for text models: the passages that decided a label (lara_serve.server.explain does the work)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
-from server import explain as explainer
-from server.preprocess import truncation_side
-from server.routes.common import State, predictions, read_body, require_api_key, timing_headers, track
-from server.routes.v1 import _ERRORS, _TRUNCATE_QUERY, _instance_bytes, _to_items
-from server.schemas import Explanation, V1ExplainRequest, V1ExplainResponse, parse_large
+from lara_serve.server import explain as explainer
+from lara_serve.server.preprocess import truncation_side
+from lara_serve.server.routes.common import State, predictions, read_body, require_api_key, timing_headers, track
+from lara_serve.server.routes.v1 import _ERRORS, _TRUNCATE_QUERY, _instance_bytes, _to_items
+from lara_serve.server.schemas import Explanation, V1ExplainRequest, V1ExplainResponse, parse_large
 
 router = APIRouter(tags=["v1"], dependencies=[Depends(require_api_key)], responses=_ERRORS)
 

@@ -1,7 +1,7 @@
 """GET /info: what a client needs to know before sending, in one call (like text-embeddings-inference's /info).
 
 The server's limits (batching, body size, longest text) and one model card per served model
-(server.model_card): labels, media types, max_length, attention, measured accuracy.
+(lara_serve.server.model_card): labels, media types, max_length, attention, measured accuracy.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 
-from server.metrics import server_version
-from server.model_card import describe
-from server.routes.common import AppState, State, app_state, check_api_key, require_api_key
-from server.routes.triton import EXTENSIONS
+from lara_serve.server.metrics import server_version
+from lara_serve.server.model_card import describe
+from lara_serve.server.routes.common import AppState, State, app_state, check_api_key, require_api_key
+from lara_serve.server.routes.triton import EXTENSIONS
 
 SERVER_NAME = "lara-serve"
 

@@ -17,16 +17,16 @@ import numpy as np
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
-from server.errors import ErrorKind, ServeError, clean_message, invalid, malformed, not_found
-from server.model_card import describe
-from server.models import RAW_INPUT, ServedModel, load_models
-from server.repository import RepositoryError, discover
-from server.routes.common import AppState, State, read_body, require_api_key
-from server.schemas import run_sized
+from lara_serve.server.errors import ErrorKind, ServeError, clean_message, invalid, malformed, not_found
+from lara_serve.server.model_card import describe
+from lara_serve.server.models import RAW_INPUT, ServedModel, load_models
+from lara_serve.server.repository import RepositoryError, discover
+from lara_serve.server.routes.common import AppState, State, read_body, require_api_key
+from lara_serve.server.schemas import run_sized
 
 router = APIRouter(tags=["v2 (Triton extensions)"], dependencies=[Depends(require_api_key)])
 
-# Triton's names for the extensions served here and in server.routes.v2 (GET /v2 lists exactly these).
+# Triton's names for the extensions served here and in lara_serve.server.routes.v2 (GET /v2 lists exactly these).
 EXTENSIONS = [
     "binary_tensor_data",
     "classification",
@@ -103,7 +103,7 @@ async def model_config(name: str, state: State, version: str | None = None) -> d
 
 
 def _model_stats(state: AppState, model: ServedModel) -> dict[str, Any]:
-    """Triton's statistics shape, from server.statistics (which says how each count is kept)."""
+    """Triton's statistics shape, from lara_serve.server.statistics (which says how each count is kept)."""
     return state.metrics.statistics.snapshot(model.name).as_triton(model.name, model.version)
 
 
@@ -162,7 +162,7 @@ def index(state: AppState, ready_only: bool) -> list[dict[str, Any]]:
 
 def control_lock(app_state: Any) -> asyncio.Lock:
     """One lock per app (its Starlette `app.state`): loads and unloads never interleave, whichever protocol
-    (HTTP here, gRPC in server.grpc) asks."""
+    (HTTP here, gRPC in lara_serve.server.grpc) asks."""
     lock = getattr(app_state, "lara_model_control", None)
     if lock is None:
         lock = app_state.lara_model_control = asyncio.Lock()
@@ -242,14 +242,14 @@ async def unload(name: str, state: AppState, lock: asyncio.Lock) -> None:
 
 async def _retire(model: ServedModel, state: AppState) -> None:
     """Queued work finishes (up to graceful_timeout_s), then the model stops: what is still queued gets
-    503, the running batch is answered, and nothing blocks the event loop (server.batcher.Batcher.stop)."""
+    503, the running batch is answered, and nothing blocks the event loop (lara_serve.server.batcher.Batcher.stop)."""
     deadline = time.monotonic() + state.settings.graceful_timeout_s
     while model.batcher.depth and time.monotonic() < deadline:
         await asyncio.sleep(0.01)
     await model.stop(grace_s=max(1.0, deadline - time.monotonic()))
 
 
-# -- classification extension (used by server.routes.v2) ----------------------------------------------------
+# -- classification extension (used by lara_serve.server.routes.v2) ----------------------------------------------------
 
 
 def class_count(parameters: dict[str, Any], output: str) -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 from fastapi import APIRouter
 from fastapi.responses import FileResponse, RedirectResponse
 
-from server.errors import not_found
+from lara_serve.server.errors import not_found
 
 UI_DIR = Path(__file__).resolve().parent.parent / "ui"
 _FILES = {"app.js": "text/javascript", "style.css": "text/css", "index.html": "text/html"}

@@ -11,13 +11,22 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.convertors import Convertor, register_url_convertor
 
-from server.errors import ErrorKind, ServeError, invalid
-from server.inputs import model_bytes, parse_content_type
-from server.model_card import ANY_TYPES, FORM_TYPES, IMAGE_TYPES, TEXT_TYPES, describe
-from server.models import ServedModel
-from server.preprocess import Item, truncation_side
-from server.routes.common import State, predictions, read_body, require_api_key, timing_headers, track, upload_bytes
-from server.schemas import (
+from lara_serve.server.content_types import ANY_TYPES, FORM_TYPES, IMAGE_TYPES, TEXT_TYPES
+from lara_serve.server.errors import ErrorKind, ServeError, invalid
+from lara_serve.server.inputs import model_bytes, parse_content_type
+from lara_serve.server.model_card import describe
+from lara_serve.server.models import ServedModel
+from lara_serve.server.preprocess import Item, truncation_side
+from lara_serve.server.routes.common import (
+    State,
+    predictions,
+    read_body,
+    require_api_key,
+    timing_headers,
+    track,
+    upload_bytes,
+)
+from lara_serve.server.schemas import (
     B64Instance,
     ClassifyResponse,
     ErrorBody,

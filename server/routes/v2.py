@@ -9,18 +9,26 @@ import numpy as np
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
-from server import explain as explainer
-from server.batcher import BatchResult
-from server.errors import invalid, too_large
-from server.inputs import b64_elements
-from server.model_card import describe
-from server.models import RAW_INPUT, Scored, ServedModel
-from server.preprocess import Item, image_items_from_tensors, text_items_from_tensors, truncation_side
-from server.routes.common import AppState, State, bool_param, read_body, require_api_key, timing_headers, track
-from server.routes.triton import EXTENSIONS, class_count, classification
-from server.schemas import ErrorBody, V2InferResponse
-from server.settings import Settings
-from server.v2_codec import (
+from lara_serve.server import explain as explainer
+from lara_serve.server.batcher import BatchResult
+from lara_serve.server.errors import invalid, too_large
+from lara_serve.server.inputs import b64_elements
+from lara_serve.server.model_card import describe
+from lara_serve.server.models import RAW_INPUT, Scored, ServedModel
+from lara_serve.server.preprocess import Item, image_items_from_tensors, text_items_from_tensors, truncation_side
+from lara_serve.server.routes.common import (
+    AppState,
+    State,
+    bool_param,
+    read_body,
+    require_api_key,
+    timing_headers,
+    track,
+)
+from lara_serve.server.routes.triton import EXTENSIONS, class_count, classification
+from lara_serve.server.schemas import ErrorBody, V2InferResponse
+from lara_serve.server.settings import Settings
+from lara_serve.server.v2_codec import (
     HEADER_LENGTH,
     DecodedRequest,
     Tensor,
@@ -74,7 +82,7 @@ async def model_ready(name: str, state: State, version: str | None = None) -> di
 
 
 # The body is parsed by hand (it may be binary), so its schema is declared for /docs here;
-# server.app adds the referenced component schemas.
+# lara_serve.server.app adds the referenced component schemas.
 _INFER_DOC: dict[str, Any] = {
     "requestBody": {
         "description": f"JSON, or a JSON header of `{HEADER_LENGTH}` bytes followed by binary tensors.",

@@ -96,13 +96,13 @@ def test_session_cpu_counts_this_process_group_only() -> None:
 
 def test_the_benchmarked_server_leads_its_own_session(tmp_path: Path) -> None:
     """The old set-up put LARA Serve in the driver's session (one autogroup CPU share with whatever ran
-    there) and Triton in its own: 5.6x apart under the same load (docs/protocols.md). Both now lead their own,
+    there) and Triton in its own: 5.6x apart under the same load (docs/performance.md). Both now lead their own,
     and the CPU accounting finds the server by it."""
     import os
 
     from benchmarks.grpc_vs_http import _child_session, session_cpu_ms
-    from server.synthetic import make_image_model
-    from server.testing import free_port, server_process
+    from lara_serve.server.synthetic import make_image_model
+    from lara_serve.server.testing import free_port, server_process
 
     make_image_model(tmp_path, "img")
     env = {"LARA_MODEL_REPOSITORY": str(tmp_path), "LARA_NUM_THREADS": "1", "LARA_WARMUP": "false"}
@@ -134,7 +134,7 @@ def test_markdown_and_chart(tmp_path: Path) -> None:
 
 def test_tensors_are_what_the_server_computes_from_the_bytes(tmp_path: Path) -> None:
     from benchmarks.grpc_vs_http import IMAGE_MODEL, TEXT_MODEL, _payloads, _tensors
-    from server.synthetic import make_image_model, make_text_model
+    from lara_serve.server.synthetic import make_image_model, make_text_model
 
     make_text_model(tmp_path, TEXT_MODEL, max_length=32 * 1024)
     make_image_model(tmp_path, IMAGE_MODEL)
@@ -166,7 +166,7 @@ def test_probe_names_a_missing_python(tmp_path: Path) -> None:
 def test_live_peer_serves_the_synthetic_text_model_over_http_and_grpc(tmp_path: Path) -> None:
     import tritonclient.grpc as grpcclient
 
-    from server.synthetic import make_text_model
+    from lara_serve.server.synthetic import make_text_model
 
     make_text_model(tmp_path, "t", max_length=64)
     ids = np.array([[5, 6, 7]], dtype=np.int64)

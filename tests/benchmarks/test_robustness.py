@@ -86,7 +86,7 @@ def _long_lines(texts) -> set[str]:
 
 
 def test_eval_sources_disjoint_from_training_filler():
-    from model_export.augment import EVAL_LICENCE_FAMILIES, FillerBank
+    from lara_serve.model_export.training.augment import EVAL_LICENCE_FAMILIES, FillerBank
 
     bank = FillerBank.installed()
     for text in bank.sources["licence"]:  # augment keeps the evaluation's licence families out of training

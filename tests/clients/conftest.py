@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from server.synthetic import make_image_model, make_text_model
-from server.testing import server_process
+from lara_serve.server.synthetic import make_image_model, make_text_model
+from lara_serve.server.testing import server_process
 
 API_KEY = "client-test-key"
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from clients.__main__ import main
-from server.synthetic import IMAGE_LABELS, TEXT_LABELS
-from server.testing import free_port
+from lara_serve.clients.__main__ import main
+from lara_serve.server.synthetic import IMAGE_LABELS, TEXT_LABELS
+from lara_serve.server.testing import free_port
 
 API_KEY = "client-test-key"  # as in conftest.py
 MAX_LENGTH = 128  # the live server's tiny-text model

@@ -10,7 +10,7 @@ from conftest import API_KEY
 
 
 def test_a_closed_pipe_ends_quietly(live_url: str) -> None:
-    cmd = [sys.executable, "-m", "clients", "--url", live_url, "--api-key", API_KEY, "info"]
+    cmd = [sys.executable, "-m", "lara_serve.clients", "--url", live_url, "--api-key", API_KEY, "info"]
     read, write = os.pipe()
     proc = subprocess.Popen(cmd, stdout=write, stderr=subprocess.PIPE)
     os.close(write)

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from clients import LaraClient, LaraError
-from server.synthetic import IMAGE_LABELS, TEXT_LABELS
+from lara_serve.clients import LaraClient, LaraError
+from lara_serve.server.synthetic import IMAGE_LABELS, TEXT_LABELS
 
 API_KEY = "client-test-key"  # as in conftest.py
 
@@ -55,7 +55,7 @@ def test_cli_predict(live_url: str, data_dir: Path) -> None:
     (data_dir / "a.txt").write_text("stocks rallied on earnings")
     (data_dir / "b.txt").write_text("the striker scored twice")
     (data_dir / "c.png").write_bytes(png())
-    base = [sys.executable, "-m", "clients", "--url", live_url, "--api-key", API_KEY, "predict"]
+    base = [sys.executable, "-m", "lara_serve.clients", "--url", live_url, "--api-key", API_KEY, "predict"]
     out = subprocess.run([*base, "--json", "--model", "tiny-text", str(data_dir / "a.txt"), str(data_dir / "b.txt")],
                          capture_output=True, text=True, timeout=60, check=True).stdout  # fmt: skip
     lines = [json.loads(line) for line in out.splitlines()]

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from clients.loadtest import check_loopback, main, make_doc
-from clients.loadtest.writers import CSV_COLUMNS
-from server.synthetic import make_image_model, make_text_model
-from server.testing import free_port, server_process
+from lara_serve.clients.loadtest import check_loopback, main, make_doc
+from lara_serve.clients.loadtest.writers import CSV_COLUMNS
+from lara_serve.server.synthetic import make_image_model, make_text_model
+from lara_serve.server.testing import free_port, server_process
 
 KEY = "loadtest-test-key"
 
@@ -118,7 +118,7 @@ def colour_pixels(png: Path, colour: Any) -> int:
 
 
 def test_two_models_on_one_chart(url: str, tmp_path: Path) -> None:
-    from clients.loadtest import charts
+    from lara_serve.clients.loadtest import charts
 
     assert run(url, "--model", "tiny-text", "--model", "tiny-text-b", "--lengths", "16,64", "--concurrency", "2",
                "--out", str(tmp_path)) == 0  # fmt: skip
@@ -193,7 +193,7 @@ def test_builtin_sets(url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
 def test_cli_subcommand_honours_environment(url: str, tmp_path: Path) -> None:
     env = {**os.environ, "LARA_URL": url, "LARA_API_KEY": KEY}
-    cmd = [sys.executable, "-m", "clients", "loadtest", "--model", "tiny-text", "--lengths", "48", "--concurrency",
+    cmd = [sys.executable, "-m", "lara_serve.clients", "loadtest", "--model", "tiny-text", "--lengths", "48", "--concurrency",
            "1", "--requests", "3", "--warmup", "0", "--out", str(tmp_path)]  # fmt: skip
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

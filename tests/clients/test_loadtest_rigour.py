@@ -15,16 +15,16 @@ from typing import Any
 
 import pytest
 
-from clients.loadtest import main
-from clients.loadtest import sweep as sweep_module
-from clients.loadtest.inputs import EXAMPLES, InputError, builtin, synthetic_text
-from clients.loadtest.report import Target
-from clients.loadtest.rigour import Stability, WindowStats, is_stable, percentile_warnings, rate_warning
-from clients.loadtest.runner import CellRun, Sample
-from clients.loadtest.schedule import LoadPoint
-from clients.loadtest.sweep import SweepPlan, run_sweep
-from server.synthetic import make_image_model, make_text_model
-from server.testing import server_process
+from lara_serve.clients.loadtest import main
+from lara_serve.clients.loadtest import sweep as sweep_module
+from lara_serve.clients.loadtest.inputs import EXAMPLES, InputError, builtin, synthetic_text
+from lara_serve.clients.loadtest.report import Target
+from lara_serve.clients.loadtest.rigour import Stability, WindowStats, is_stable, percentile_warnings, rate_warning
+from lara_serve.clients.loadtest.runner import CellRun, Sample
+from lara_serve.clients.loadtest.schedule import LoadPoint
+from lara_serve.clients.loadtest.sweep import SweepPlan, run_sweep
+from lara_serve.server.synthetic import make_image_model, make_text_model
+from lara_serve.server.testing import server_process
 
 # -- windows and stability, on scripted runs --------------------------------------------------------------
 
@@ -163,7 +163,7 @@ def test_windows_live_and_html_report(url: str, tmp_path: Path) -> None:
 def test_without_matplotlib_the_run_says_how_to_get_charts(
     url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setitem(sys.modules, "clients.loadtest.charts", None)  # import fails as without matplotlib
+    monkeypatch.setitem(sys.modules, "lara_serve.clients.loadtest.charts", None)  # import fails as without matplotlib
     assert run(url, "--model", "tiny-text", "--lengths", "32", "--concurrency", "1", "--out", str(tmp_path)) == 0
     assert "pip install -e '.[loadtest]'" in capsys.readouterr().err
     assert not list(tmp_path.glob("*.png")) and "No charts" in (tmp_path / "report.html").read_text()
@@ -171,7 +171,8 @@ def test_without_matplotlib_the_run_says_how_to_get_charts(
 
 def test_examples_sets_need_no_data_package(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # as in the lean install: no torch, no model_export (submodules an earlier test imported included)
-    for name in [m for m in sys.modules if m == "model_export" or m.startswith("model_export.")] + ["model_export"]:
+    lean = "lara_serve.model_export"
+    for name in [m for m in sys.modules if m == lean or m.startswith(f"{lean}.")] + [lean]:
         monkeypatch.setitem(sys.modules, name, None)
     assert run(url, "--model", "tiny-text", "--set", "examples-text", "--truncate", "--concurrency", "1") == 0
     assert run(url, "--model", "tiny-image", "--set", "examples-image", "--concurrency", "1") == 0
@@ -181,8 +182,8 @@ def test_examples_sets_need_no_data_package(url: str, monkeypatch: pytest.Monkey
 
 
 def test_chart_panels_have_ticks_and_the_legend_is_outside(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    charts = pytest.importorskip("clients.loadtest.charts")
-    from clients.loadtest.report import summarize
+    charts = pytest.importorskip("lara_serve.clients.loadtest.charts")
+    from lara_serve.clients.loadtest.report import summarize
 
     target = Target("http://127.0.0.1:9", "m", "text", "m")
     cells = []

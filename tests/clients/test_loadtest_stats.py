@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clients.loadtest.inputs import InputGroup, Payload
-from clients.loadtest.report import Report, Target, percentile, skipped_cell, summarize
-from clients.loadtest.runner import CellRun, Sample
-from clients.loadtest.schedule import LoadPoint
+from lara_serve.clients.loadtest.inputs import InputGroup, Payload
+from lara_serve.clients.loadtest.report import Report, Target, percentile, skipped_cell, summarize
+from lara_serve.clients.loadtest.runner import CellRun, Sample
+from lara_serve.clients.loadtest.schedule import LoadPoint
 
 TARGET = Target(url="http://127.0.0.1:1", model="m", task="text", label="m", backend="lara_onnxruntime")
 GROUP = InputGroup("3 B", "text", (Payload("text", b"abc", "text/plain"), Payload("text", b"abcde", "text/plain")))

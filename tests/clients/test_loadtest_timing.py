@@ -12,10 +12,10 @@ import statistics
 import httpx
 import pytest
 
-from clients.loadtest.protocol import PreparedRequest
-from clients.loadtest.report import percentile
-from clients.loadtest.runner import run_closed, run_open
-from clients.loadtest.schedule import LoadPoint, arrival_offsets
+from lara_serve.clients.loadtest.protocol import PreparedRequest
+from lara_serve.clients.loadtest.report import percentile
+from lara_serve.clients.loadtest.runner import run_closed, run_open
+from lara_serve.clients.loadtest.schedule import LoadPoint, arrival_offsets
 
 SERVICE_S = 0.03
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from clients.loadtest.rigour import (
+from lara_serve.clients.loadtest.rigour import (
     MIN_SAMPLES,
     Stability,
     WindowStats,
@@ -16,8 +16,8 @@ from clients.loadtest.rigour import (
     rate_warning,
     window_stats,
 )
-from clients.loadtest.runner import CellRun, Sample
-from clients.loadtest.schedule import LoadPoint, arrival_offsets
+from lara_serve.clients.loadtest.runner import CellRun, Sample
+from lara_serve.clients.loadtest.schedule import LoadPoint, arrival_offsets
 
 
 def _sample(latency_s: float, status: str = "200", scheduled: float = 1.0) -> Sample:

@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from clients import LaraClient
-from clients.__main__ import main
-from clients.client import LaraError, Prediction
-from server.synthetic import ENGLISH, TEXT_LABELS, make_text_model
-from server.testing import server_process
+from lara_serve.clients import LaraClient
+from lara_serve.clients.__main__ import main
+from lara_serve.clients.client import LaraError, Prediction
+from lara_serve.server.synthetic import ENGLISH, TEXT_LABELS, make_text_model
+from lara_serve.server.testing import server_process
 
 OOD, OLD, EXPLAIN = "ood-text", "old-text", "trigger-text"
 ARTICLE = "Zq jazz quiz xj quixote zax jinx quartz fizz equinox. " * 6

@@ -2,7 +2,7 @@
 skip-or-fail rule those tests share.
 
 Inputs are BBC News test articles, Brown test texts and Fashion-MNIST t10k images, read at test time from the installed data
-packages (model_export.data), so no article text is in the repository and a retrained model is checked as
+packages (lara_serve.model_export.training.data), so no article text is in the repository and a retrained model is checked as
 it is. "Clear" examples are the first of each class, in the data's fixed order, that a reference run of the
 shipped model.onnx gives the true label with probability >= MIN_PROBABILITY. The reference is onnxruntime on
 the host with the preprocessing of config.json written out here, independently of server/: the deployed
@@ -98,7 +98,7 @@ def _png(pixels: np.ndarray) -> bytes:
 
 def _candidates(task: str, labels: list[str], dataset: str) -> dict[str, list[tuple[bytes, Any]]]:
     """label -> [(bytes to send, reference input)], in the data's fixed order."""
-    from model_export import brown, data
+    from lara_serve.model_export.training import brown, data
 
     try:
         if task == "text":

@@ -24,8 +24,8 @@ import httpx
 import pytest
 from smoke_data import ROOT, Example, clear_examples, ensure_debian_packages, need
 
-from clients.client import LaraClient
-from server.testing import free_port
+from lara_serve.clients.client import LaraClient
+from lara_serve.server.testing import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ import yaml
 from deploy_helpers import K8S, deployment_container, k8s_objects, kserve_container, load
 from deploy_helpers import KSERVE as KSERVE_FILE
 
-from server.settings import Settings
+from lara_serve.server.settings import Settings
 
 # Oldest still-supported minor release of the common managed offerings and the newest the schemas know.
 K8S_VERSIONS = ("1.30", "1.37")

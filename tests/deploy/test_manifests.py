@@ -41,8 +41,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from server.app import create_app
-from server.settings import Settings
+from lara_serve.server.app import create_app
+from lara_serve.server.settings import Settings
 
 
 @pytest.fixture(scope="module")

@@ -22,8 +22,8 @@ import pytest
 from smoke_data import ROOT, Example, clear_examples, need
 from test_container import listening_addresses
 
-from clients.client import LaraClient
-from server.testing import free_port
+from lara_serve.clients.client import LaraClient
+from lara_serve.server.testing import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from server.testing import server_process
+from lara_serve.server.testing import server_process
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from server.settings import Settings
+from lara_serve.server.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 

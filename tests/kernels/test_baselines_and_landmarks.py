@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels
-from kernels.landmarks import chunk_assignment
-from kernels.reference import (
+from lara_serve import kernels
+from lara_serve.kernels.landmarks import chunk_assignment
+from lara_serve.kernels.reference import (
     orthogonal_gaussian_projection,
     performer_attention_ref,
     randomized_attention_ref,

@@ -15,12 +15,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import kernels
-from kernels import _cpu_fused
-from kernels._cpu import lara_forward_cpu
-from kernels.dispatch import CpuFusedBackend, LaraInputs, TorchBackend, select_backend
-from kernels.landmarks import chunk_means_1d
-from kernels.reference import lara_attention_ref
+from lara_serve import kernels
+from lara_serve.kernels import _cpu_fused
+from lara_serve.kernels._cpu import lara_forward_cpu
+from lara_serve.kernels.dispatch import CpuFusedBackend, LaraInputs, TorchBackend, select_backend
+from lara_serve.kernels.landmarks import chunk_means_1d
+from lara_serve.kernels.reference import lara_attention_ref
 from tests.kernels.conftest import make_inputs, tail_padding
 
 FLOOR = {torch.float32: 1e-6, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
@@ -160,7 +160,7 @@ def test_bitwise_same_alone_and_in_any_batch(lengths, extra_pad, target, c, thre
 
 
 def test_bitwise_invariance_through_the_public_function_at_a_multi_chunk_length():
-    """Through kernels.lara_attention (dispatch picks the kernel); 5,000 tokens = 3 key chunks."""
+    """Through lara_serve.kernels.lara_attention (dispatch picks the kernel); 5,000 tokens = 3 key chunks."""
     q, k, v, _, _ = make_inputs(2, 2, 5_000, 64, 1, seed=11, dtype=torch.float32)
     mask = tail_padding([4_321, 5_000], 5_000)
     ql, kl = chunk_means_1d(q, 64, mask), chunk_means_1d(k, 64, mask)

@@ -13,10 +13,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import kernels
-from kernels._cpu import lara_forward_cpu
-from kernels.landmarks import chunk_means_1d
-from kernels.reference import lara_attention_ref
+from lara_serve import kernels
+from lara_serve.kernels._cpu import lara_forward_cpu
+from lara_serve.kernels.landmarks import chunk_means_1d
+from lara_serve.kernels.reference import lara_attention_ref
 from tests.kernels.conftest import make_inputs, tail_padding
 
 FLOOR = {torch.float32: 1e-6, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}

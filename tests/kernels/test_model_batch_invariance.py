@@ -3,7 +3,7 @@
 Measured: every encoder output row of a document is bitwise the same alone and padded inside a batch
 (the CPU kernel is batch invariant, and so are the model's embeddings, LayerNorms and Linears on these
 shapes). So are the logits: the landmarks, the pooling and the classifier head run per document in
-eager mode, and very short inputs are padded to 16 rows (see model_export/text.py).
+eager mode, and very short inputs are padded to 16 rows (see model_export/models/text.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from model_export import load_pretrained
+from lara_serve.model_export import load_pretrained
 
 TEXT_MODEL = Path(__file__).resolve().parents[2] / "model_repository" / "lara-text-news"
 

@@ -17,11 +17,11 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from kernels import _cpu_fused, ort_library
-from kernels.reference import lara_attention_ref
-from server.backends import BackendUnavailable
-from server.backends.onnx_runtime import OnnxRuntimeBackend
-from server.repository import read_config
+from lara_serve.kernels import _cpu_fused, ort_library
+from lara_serve.kernels.reference import lara_attention_ref
+from lara_serve.server.backends import BackendUnavailable
+from lara_serve.server.backends.onnx_runtime import OnnxRuntimeBackend
+from lara_serve.server.repository import read_config
 from tests.kernels.conftest import make_inputs, tail_padding
 from tests.model_export.test_export import _single_node_model
 

@@ -8,8 +8,8 @@ import statistics
 import pytest
 import torch
 
-from kernels.landmarks import chunk_means_1d
-from kernels.reference import (
+from lara_serve.kernels.landmarks import chunk_means_1d
+from lara_serve.kernels.reference import (
     lara_attention_ref,
     lara_balance_heuristic,
     lara_key_summaries,

@@ -16,15 +16,16 @@ from __future__ import annotations
 
 import os
 
+from lara_serve import kernels
+
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernels import (decoration time)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-import kernels  # noqa: E402
-from kernels._cpu import lara_forward_cpu  # noqa: E402
-from kernels._triton import LaunchConfig, lara_forward_triton  # noqa: E402
-from kernels.reference import lara_attention_ref  # noqa: E402
+from lara_serve.kernels._cpu import lara_forward_cpu  # noqa: E402
+from lara_serve.kernels._triton import LaunchConfig, lara_forward_triton  # noqa: E402
+from lara_serve.kernels.reference import lara_attention_ref  # noqa: E402
 
 F64 = torch.float64
 FLOOR = {torch.float32: lambda ref: 5e-6, torch.float16: lambda ref: 2.0**-11 * ref.abs().max().item()}

@@ -7,8 +7,8 @@ import os
 import pytest
 import torch
 
-from model_export import brown
-from model_export.data import DataUnavailable, load_fashion, load_news
+from lara_serve.model_export.training import brown
+from lara_serve.model_export.training.data import DataUnavailable, load_fashion, load_news
 
 
 @pytest.fixture(autouse=True)
@@ -49,9 +49,9 @@ def brown_all() -> list[brown.BrownDoc]:
 def export_round_trip(model: torch.nn.Module, model_dir) -> torch.nn.Module:
     """Save a tiny-text model, export its ONNX graph, load it back: the loaded torch model must equal the
     saved one bitwise and the graph must pass the export's parity check. Returns the loaded model."""
-    from model_export import export as ex
-    from model_export import load_pretrained
-    from model_export.registry import LABELS
+    from lara_serve.model_export import load_pretrained
+    from lara_serve.model_export.export import exporter as ex
+    from lara_serve.model_export.models.registry import LABELS
 
     conf = ex.make_config_dict("tiny-text", model.cfg, LABELS["tiny-text"], seed=0, metrics={})
     ex.save_pretrained(model, conf, model_dir)

@@ -8,9 +8,9 @@ import random
 import pytest
 import torch
 
-from model_export import augment as au
-from model_export import create_model
-from model_export.text import fold_case
+from lara_serve.model_export import create_model
+from lara_serve.model_export.models.text_embeddings import fold_case
+from lara_serve.model_export.training import augment as au
 
 ARTICLE = b"The central bank raised interest rates on Tuesday.\nMarkets fell sharply. Analysts expect more rises."
 

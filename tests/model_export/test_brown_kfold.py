@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from model_export import brown
+from lara_serve.model_export.training import brown
 
 
 def test_one_fold_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, brown_all: list[brown.BrownDoc]) -> None:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from model_export.calibration import (
+from lara_serve.model_export.head.calibration import (
     calibration_bins,
     expected_calibration_error,
     fit_temperature,
@@ -80,7 +80,7 @@ def test_reliability_diagram_is_written(tmp_path) -> None:
 
 
 def test_ece_floor_of_a_perfectly_calibrated_model_by_hand() -> None:
-    from model_export.calibration import ece_floor
+    from lara_serve.model_export.head.calibration import ece_floor
 
     # certain and right every time: nothing to miss
     assert ece_floor(np.ones(50)) == {"mean": 0.0, "p95": 0.0}
@@ -95,7 +95,7 @@ def test_ece_floor_of_a_perfectly_calibrated_model_by_hand() -> None:
 
 
 def test_ece_floor_refuses_what_is_not_confidences() -> None:
-    from model_export.calibration import ece_floor
+    from lara_serve.model_export.head.calibration import ece_floor
 
     for bad in (np.array([]), np.array([1.2]), np.ones((2, 2))):
         with pytest.raises(ValueError, match="confidences in"):

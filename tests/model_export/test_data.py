@@ -7,9 +7,9 @@ import hashlib
 import pytest
 import torch
 
-from model_export import data
-from model_export.registry import get_config
-from model_export.tasks import load_task
+from lara_serve.model_export.models.registry import get_config
+from lara_serve.model_export.training import data
+from lara_serve.model_export.training.tasks import load_task
 
 
 def test_fashion_slice(fashion_test):

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from model_export import data
-from model_export.long_docs import LengthMixTask
-from model_export.tasks import (
+from lara_serve.model_export.training import data
+from lara_serve.model_export.training.long_docs import LengthMixTask
+from lara_serve.model_export.training.tasks import (
     ImageTask,
     SequenceTask,
     _rotate_images,

@@ -1,4 +1,4 @@
-"""The distillation teacher (model_export.distill) and `train --distill`: cross-fitting keeps each
+"""The distillation teacher (lara_serve.model_export.training.distill) and `train --distill`: cross-fitting keeps each
 document away from the teacher that scores it, windows get probabilities over every class, the soft loss
 matches its float64 definition, and the training CLI records the teacher and refuses what it cannot do."""
 
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from model_export import train
-from model_export.distill import fit_teacher, heads_too, soft_cross_entropy
-from model_export.long_docs import LengthMixTask
+from lara_serve.model_export.training import train
+from lara_serve.model_export.training.distill import fit_teacher, heads_too, soft_cross_entropy
+from lara_serve.model_export.training.long_docs import LengthMixTask
 
 WORDS = {0: ["goal", "match", "coach", "league"], 1: ["shares", "profit", "market", "bank"]}
 

@@ -1,4 +1,4 @@
-"""model_export.ensemble.ProbabilityMean against a float64 reference, and research.news_ensemble end to
+"""lara_serve.model_export.training.ensemble.ProbabilityMean against a float64 reference, and research.news_ensemble end to
 end on two tiny cross-validation fold models."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from model_export.ensemble import ProbabilityMean
+from lara_serve.model_export.training.ensemble import ProbabilityMean
 from research import news_ensemble, news_kfold
 
 
@@ -84,7 +84,7 @@ def test_news_ensemble_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert row["fold"] == 3 and row["n_test"] == 12 and result["members"] == members
 
     # the ensemble's whole-document verdicts, recomputed from the two fold models in float64
-    from model_export.tasks import fold_split, text_docs
+    from lara_serve.model_export.training.tasks import fold_split, text_docs
 
     dirs = [str(tmp_path / "runs" / f"news-kfold-{tag}" / "fold-3") for tag in members]
     texts, labels = text_docs("news", fold_split(3, 5, "test"))
@@ -112,7 +112,7 @@ def test_news_ensemble_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 def reference_votes(dirs: list[str], texts: list[str]) -> np.ndarray:
     """The class an ensemble of the models in `dirs` should pick for each whole text (float64 mean)."""
-    from model_export.hub import load_pretrained
+    from lara_serve.model_export.models.hub import load_pretrained
 
     logits = []
     for d in dirs:

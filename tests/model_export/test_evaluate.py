@@ -6,8 +6,8 @@ import json
 
 import torch
 
-from model_export import evaluate
-from model_export.tasks import ImageTask
+from lara_serve.model_export.training import evaluate
+from lara_serve.model_export.training.tasks import ImageTask
 
 LABELS = ["a", "b", "c"]
 

@@ -17,14 +17,14 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
-import kernels
-from kernels import onnx_export
-from kernels._cpu import lara_forward_cpu
-from kernels.reference import lara_attention_ref
-from model_export import create_model, load_pretrained
-from model_export import export as ex
-from model_export.data import encode_bytes, normalize_images, pad_batch
-from model_export.registry import LABELS
+from lara_serve import kernels
+from lara_serve.kernels import onnx_export
+from lara_serve.kernels._cpu import lara_forward_cpu
+from lara_serve.kernels.reference import lara_attention_ref
+from lara_serve.model_export import create_model, load_pretrained
+from lara_serve.model_export.export import exporter as ex
+from lara_serve.model_export.models.registry import LABELS
+from lara_serve.model_export.training.data import encode_bytes, normalize_images, pad_batch
 
 REPO = Path(__file__).resolve().parents[2] / "model_repository"
 SHIPPED = {"text": "lara-text-news", "image": "lara-vit-fashion"}
@@ -48,7 +48,7 @@ def artifact(request, tmp_path_factory) -> Artifact:
     """
     shipped = REPO / SHIPPED[request.param]
     if (shipped / "1" / ex.ONNX_FILE).is_file():
-        # as served: the calibrated logits and ood_score the graph computes (model_export.ood)
+        # as served: the calibrated logits and ood_score the graph computes (lara_serve.model_export.models.ood)
         return Artifact(load_pretrained(shipped, serving=True), shipped / "1" / ex.ONNX_FILE, True)
     name = TINY[request.param]
     noise = "fixed" if request.param == "text" else "mean"
@@ -127,7 +127,7 @@ def test_stock_onnxruntime_needs_the_body():
 
 
 class OneLayer(torch.nn.Module):
-    """The smallest caller of kernels.lara_attention (no mask, no noise), quick to export."""
+    """The smallest caller of lara_serve.kernels.lara_attention (no mask, no noise), quick to export."""
 
     def forward(self, x):
         q, k, v = x, x * 0.5, x + 1.0  # [B, H, N, D]
@@ -153,7 +153,7 @@ def test_silent_fallback_is_caught():
         np.testing.assert_allclose(session.run(None, {"x": x.numpy()})[0], OneLayer()(x).numpy(), atol=1e-5)
 
     decompose = lambda *a: lara_forward_cpu(*a[:5], a[5], a[7], a[6])  # noqa: E731 - op args -> _cpu args
-    with mock.patch("kernels.api.lara_attention_op", side_effect=decompose):
+    with mock.patch("lara_serve.kernels.api.lara_attention_op", side_effect=decompose):
         decomposed = _export_one_layer(x)
     assert onnx_export.count_lara_nodes(decomposed) == 0
     with pytest.raises(ex.ExportError, match="decomposed"):

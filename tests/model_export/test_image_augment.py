@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from model_export.tasks import ImageTask, _augment_images, _rotate_images
+from lara_serve.model_export.training.tasks import ImageTask, _augment_images, _rotate_images
 
 
 def _bar() -> torch.Tensor:

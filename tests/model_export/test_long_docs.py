@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import model_export as me
-from model_export import brown
-from model_export.data import pad_batch, stratified_folds
-from model_export.long_docs import LengthMixTask, accuracy_on, make_composites, to_ids
-from model_export.registry import build_model, get_config
-from model_export.tasks import fold_split, text_docs
+from lara_serve import model_export as me
+from lara_serve.model_export.models.registry import build_model, get_config
+from lara_serve.model_export.training import brown
+from lara_serve.model_export.training.data import pad_batch, stratified_folds
+from lara_serve.model_export.training.long_docs import LengthMixTask, accuracy_on, make_composites, to_ids
+from lara_serve.model_export.training.tasks import fold_split, text_docs
 
 REPO = Path(__file__).resolve().parents[2] / "model_repository"
 NEWS, GENRE = REPO / "lara-text-news", REPO / "lara-text-genre"
@@ -154,7 +154,9 @@ def test_conv_positions_are_padding_invariant_and_exportable_shapes() -> None:
 
 def _need(path: Path) -> dict:
     if not (path / "1" / "model.safetensors").is_file():
-        pytest.fail(f"{path.name} is missing from model_repository/ (train it with python -m model_export.train)")
+        pytest.fail(
+            f"{path.name} is missing from model_repository/ (train it with python -m lara_serve.model_export.training.train)"
+        )
     return json.loads((path / "config.json").read_text())
 
 
@@ -236,7 +238,7 @@ def test_brown_kfold_splits_cover_all_documents_once(brown_all: list[brown.Brown
 
 
 def test_fold_cli_is_checked() -> None:
-    from model_export import train
+    from lara_serve.model_export.training import train
 
     args = train.parse_args(["--model", "lara-text-genre", "--fold", "5/5"])
     with pytest.raises(SystemExit, match="fold must be in 0..4"):
@@ -269,7 +271,7 @@ class _FirstByteParity(torch.nn.Module):
 
 
 def test_correct_on_reports_each_document_in_the_order_given() -> None:
-    from model_export.long_docs import correct_on
+    from lara_serve.model_export.training.long_docs import correct_on
 
     rng = random.Random(3)
     # Lengths shuffled, so the length-sorted batches visit documents out of the given order.

@@ -1,4 +1,4 @@
-"""The sliced forward for very long documents (model_export.long_forward): against a float64 reference of
+"""The sliced forward for very long documents (lara_serve.model_export.models.long_forward): against a float64 reference of
 the plain forward, bitwise independent of batch and padding, deterministic, and only where it applies.
 
 The thresholds are lowered so that a few hundred tokens exercise what a 1 MiB document does: many slices,
@@ -12,7 +12,8 @@ import copy
 import pytest
 import torch
 
-from model_export import create_model, long_forward
+from lara_serve.model_export import create_model
+from lara_serve.model_export.models import long_forward
 
 CONFIGS = {
     # the shipped text models' kind: conv positions, byte n-grams, attention pooling, case folding

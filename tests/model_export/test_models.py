@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-import model_export as me
-from model_export.data import pad_batch
+from lara_serve import model_export as me
+from lara_serve.model_export.training.data import pad_batch
 
 KINDS = ["lara", "softmax", "performer", "ra"]
 

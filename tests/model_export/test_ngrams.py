@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model_export.text import _BASE, _ORDER_SALT, MAX_ORDER, NgramEmbedding
+from lara_serve.model_export.models.text_embeddings import _BASE, _ORDER_SALT, MAX_ORDER, NgramEmbedding
 from tests.model_export.conftest import export_round_trip
 
 
@@ -70,7 +70,7 @@ def test_a_negative_table_width_is_refused() -> None:
 def test_a_factorized_model_round_trips_through_save_export_and_load(tmp_path) -> None:
     """config.json carries ngram_dim and the word table's sizes; the loaded torch model and the ONNX graph
     (word boundaries and hashes computed in the graph) match the trained one."""
-    from model_export import create_model
+    from lara_serve.model_export import create_model
 
     model = create_model(
         "tiny-text", ngram_buckets=211, ngram_dim=6, word_buckets=101, word_dim=5, attention={"eval_noise": "fixed"}

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model_export import create_model
-from model_export import export as ex
-from model_export.hub import load_pretrained
-from model_export.ood import MahalanobisScore, ServingModel, pooled_features, threshold_at
+from lara_serve.model_export import create_model
+from lara_serve.model_export.export import exporter as ex
+from lara_serve.model_export.models.hub import load_pretrained
+from lara_serve.model_export.models.ood import MahalanobisScore, ServingModel, pooled_features, threshold_at
 
 
 def reference_score(features: torch.Tensor, labels: torch.Tensor, queries: torch.Tensor, shrink: float) -> torch.Tensor:
@@ -92,7 +92,7 @@ def test_serving_model_divides_logits_and_adds_the_score() -> None:
 
 @pytest.mark.parametrize("readout", [{}, {"pooling": "passages", "passage_bytes": 16}])
 def test_serving_head_saves_loads_and_exports_with_parity(tmp_path, readout: dict) -> None:
-    from model_export.registry import LABELS
+    from lara_serve.model_export.models.registry import LABELS
 
     model = create_model("tiny-text", **readout).eval()
     serving = _fitted(model, 1.7)
@@ -122,7 +122,7 @@ def test_serving_head_saves_loads_and_exports_with_parity(tmp_path, readout: dic
 def test_a_weights_file_with_part_of_the_head_is_refused(tmp_path) -> None:
     from safetensors.torch import load_file, save_file
 
-    from model_export.registry import LABELS
+    from lara_serve.model_export.models.registry import LABELS
 
     model = create_model("tiny-text").eval()
     ex.save_pretrained(model, ex.make_config_dict("tiny-text", model.cfg, LABELS["tiny-text"], seed=0), tmp_path)
@@ -133,7 +133,7 @@ def test_a_weights_file_with_part_of_the_head_is_refused(tmp_path) -> None:
 
 
 def test_serving_sections_fit_on_train_threshold_on_holdout_and_only_measure_test() -> None:
-    from model_export.finalize import PASS_RATE, holdout_temperature, serving_sections
+    from lara_serve.model_export.head.finalize import PASS_RATE, holdout_temperature, serving_sections
 
     g = torch.Generator().manual_seed(3)
 

@@ -1,4 +1,4 @@
-"""Input-space ood scores (model_export.ood_input) against float64 references from their definitions, their
+"""Input-space ood scores (lara_serve.model_export.models.ood_input) against float64 references from their definitions, their
 padding and batch invariance, and the combined serving head saved, reloaded and exported with parity."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 
-from model_export import create_model
-from model_export import export as ex
-from model_export.hub import load_pretrained
-from model_export.ood import MahalanobisScore, ServingModel, pooled_features
-from model_export.ood_input import ByteBigramNLL, PixelNLL, image_input_scores, text_input_scores
+from lara_serve.model_export import create_model
+from lara_serve.model_export.export import exporter as ex
+from lara_serve.model_export.models.hub import load_pretrained
+from lara_serve.model_export.models.ood import MahalanobisScore, ServingModel, pooled_features
+from lara_serve.model_export.models.ood_input import ByteBigramNLL, PixelNLL, image_input_scores, text_input_scores
 
 DOCS = [b"the cat sat on the mat", b"The Dog ate the cat's dinner", b"a mat, a cat, a hat"]
 
@@ -117,7 +117,7 @@ def test_the_served_score_is_the_larger_scaled_score() -> None:
 def test_combined_head_saves_loads_and_exports_with_parity(tmp_path) -> None:
     from safetensors.torch import load_file, save_file
 
-    from model_export.registry import LABELS
+    from lara_serve.model_export.models.registry import LABELS
 
     model = create_model("tiny-text").eval()
     serving = _serving(model)
@@ -146,7 +146,7 @@ def test_combined_head_saves_loads_and_exports_with_parity(tmp_path) -> None:
 
 
 def test_serving_sections_set_the_threshold_on_the_combination() -> None:
-    from model_export.finalize import PASS_RATE, serving_sections
+    from lara_serve.model_export.head.finalize import PASS_RATE, serving_sections
 
     g = torch.Generator().manual_seed(3)
 

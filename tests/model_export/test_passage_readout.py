@@ -9,9 +9,10 @@ import math
 import pytest
 import torch
 
-from model_export import create_model, long_forward
-from model_export import text as text_mod
-from model_export.text import PassageReadout
+from lara_serve.model_export import create_model
+from lara_serve.model_export.models import long_forward
+from lara_serve.model_export.models import text as text_mod
+from lara_serve.model_export.models.text import PassageReadout
 from tests.model_export.conftest import export_round_trip, padded_batch
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model_export import create_model
-from model_export.text import AttentionPool
+from lara_serve.model_export import create_model
+from lara_serve.model_export.models.text import AttentionPool
 from tests.model_export.conftest import export_round_trip, padded_batch
 
 
@@ -105,7 +105,7 @@ def test_pool_lr_mult_moves_the_pooling_scores_that_many_times_faster(tmp_path) 
     ~40x as far as with the base lr, from the same initial weights, and nothing else changes speed."""
     from safetensors.torch import load_file
 
-    from model_export import train
+    from lara_serve.model_export.training import train
 
     moved = {}
     for mult, steps in ((0.0, 0), (1.0, 2), (40.0, 2)):  # 0 steps: the initial weights, the same for all

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from model_export import sample_userdata as su
+from lara_serve.model_export.your_data import samples as su
 
 
 def _mail(head: str, body: str) -> str:
@@ -111,8 +111,8 @@ def test_digits_are_a_folder_of_32_pixel_pngs(tmp_path: Path) -> None:
 
 
 def test_sample_data_writes_one_part_of_the_fixed_split(tmp_path: Path) -> None:
-    from model_export import sample_data
-    from model_export.data import load_news
+    from lara_serve.model_export.training.data import load_news
+    from lara_serve.model_export.your_data import sample_data
 
     sample_data.main(["news", str(tmp_path / "test.jsonl"), "--split", "test"])
     rows = [json.loads(line) for line in (tmp_path / "test.jsonl").read_text().splitlines()]

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import model_export as me
-from model_export.data import encode_bytes, normalize_images, pad_batch
+from lara_serve import model_export as me
+from lara_serve.model_export.training.data import encode_bytes, normalize_images, pad_batch
 
 REPO = Path(__file__).resolve().parents[2] / "model_repository"
 VIT, TEXT = REPO / "lara-vit-fashion", REPO / "lara-text-news"
@@ -18,7 +18,9 @@ VIT, TEXT = REPO / "lara-vit-fashion", REPO / "lara-text-news"
 def _need(path: Path) -> None:
     if not (path / "config.json").is_file() or not (path / "1" / "model.safetensors").is_file():
         # The models are part of the repository: a missing artifact is a broken checkout, not a skip.
-        pytest.fail(f"{path.name} is missing from model_repository/ (train it with python -m model_export.train)")
+        pytest.fail(
+            f"{path.name} is missing from model_repository/ (train it with python -m lara_serve.model_export.training.train)"
+        )
 
 
 # The robust recipes (issue 35) traded clean accuracy for robustness, chosen on holdouts: ViT 92.27% -> 90.91%

@@ -1,4 +1,4 @@
-"""model_export.soup: weight averages of runs with one architecture, checked tensor by tensor."""
+"""lara_serve.model_export.training.soup: weight averages of runs with one architecture, checked tensor by tensor."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import model_export as me
-from model_export import soup
-from model_export.hub import make_config_dict, save_pretrained
-from model_export.registry import LABELS, build_model, get_config
+from lara_serve import model_export as me
+from lara_serve.model_export.models.hub import make_config_dict, save_pretrained
+from lara_serve.model_export.models.registry import LABELS, build_model, get_config
+from lara_serve.model_export.training import soup
 
 
 def _run_dir(path: Path, seed: int, command: str, **overrides) -> Path:
@@ -97,12 +97,12 @@ def test_cli_scores_the_holdout_and_records_its_command(tmp_path, capsys, news_t
     assert conf["metrics"] == {k: printed[k] for k in ("val_accuracy", "n_val")}
     assert conf["metrics"]["n_val"] == 150 and "test_accuracy" not in conf["metrics"]
     # The recorded accuracy is what evaluate gives for the written model on the holdout.
-    from model_export.evaluate import evaluate_task
-    from model_export.tasks import load_task
+    from lara_serve.model_export.training.evaluate import evaluate_task
+    from lara_serve.model_export.training.tasks import load_task
 
     task = load_task("news", "val", get_config("tiny-text"))
     assert evaluate_task(me.load_pretrained(out), task, 8)["accuracy"] == conf["metrics"]["val_accuracy"]
-    assert conf["training"]["command"].startswith("python -m model_export.soup ")
+    assert conf["training"]["command"].startswith("python -m lara_serve.model_export.training.soup ")
     with pytest.raises(SystemExit):
         soup.main([str(a), str(b), "--out", str(out), "--weights", "1"])
     assert "1 weights for 2 ingredients" in capsys.readouterr().err

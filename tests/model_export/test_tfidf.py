@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from model_export import create_model, load_pretrained, train
-from model_export.registry import get_config
-from model_export.tasks import document_ids, load_task
-from model_export.text import _BASE, _BIGRAM_MUL, _BIGRAM_SALT, _WORD_MOD, TFIDF_GAIN, WORD_MAX_BYTES, TfidfHead
+from lara_serve.model_export import create_model, load_pretrained
+from lara_serve.model_export.models.registry import get_config
+from lara_serve.model_export.models.text import _BIGRAM_MUL, _BIGRAM_SALT, TFIDF_GAIN, TfidfHead
+from lara_serve.model_export.models.text_embeddings import _BASE, _WORD_MOD, WORD_MAX_BYTES
+from lara_serve.model_export.training import train
+from lara_serve.model_export.training.tasks import document_ids, load_task
 from research import news_kfold
 from tests.model_export.conftest import export_round_trip
 

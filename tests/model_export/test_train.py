@@ -8,8 +8,8 @@ import shlex
 import pytest
 import torch
 
-import model_export as me
-from model_export import train
+from lara_serve import model_export as me
+from lara_serve.model_export.training import train
 
 
 def test_tiny_training_loss_goes_down():
@@ -114,7 +114,7 @@ def test_recorded_command_reads_back_to_the_same_settings(argv: list[str]) -> No
     """config.json's training.command is a shell line: split and parsed, it gives the run's own settings."""
     args = train.parse_args(argv)
     words = shlex.split(train.command_line(args))
-    assert words[:3] == ["python", "-m", "model_export.train"]
+    assert words[:3] == ["python", "-m", "lara_serve.model_export.training.train"]
     again = vars(train.parse_args(words[3:]))
     expected = vars(args)
     if args.length_mix is not None:  # left out of the line: windows come from the mix, not --train-length

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from model_export import userdata as ud
+from lara_serve.model_export.your_data import loader as ud
 
 ROWS = [
     ("the match ended with a late goal", "sport"),

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from model_export import userdata as ud
+from lara_serve.model_export.your_data import loader as ud
 
 
 def _jsonl(path: Path, rows: list[object]) -> Path:

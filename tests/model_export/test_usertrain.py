@@ -19,13 +19,13 @@ import torch
 from PIL import Image
 from user_samples import TINY_IMAGE, TINY_TEXT, VOCAB, text_inputs, torch_probs, write_images, write_texts
 
-from clients.__main__ import main as lara
-from clients.client import LaraClient
-from model_export import userfit
-from model_export.long_docs import LengthMixTask
-from model_export.registry import build_model, get_config
-from model_export.usertrain import main as train_main
-from server.testing import server_process
+from lara_serve.clients.__main__ import main as lara
+from lara_serve.clients.client import LaraClient
+from lara_serve.model_export.models.registry import build_model, get_config
+from lara_serve.model_export.training.long_docs import LengthMixTask
+from lara_serve.model_export.your_data import fit as userfit
+from lara_serve.model_export.your_data.command import main as train_main
+from lara_serve.server.testing import server_process
 
 
 @pytest.fixture(scope="module")
@@ -59,12 +59,12 @@ def test_text_model_folder_is_complete(work: Path) -> None:
     assert conf["split"]["counts"] == {"train": 36, "holdout": 3, "test": 9}
     assert conf["calibration"]["temperature"] > 0 and len(conf["metrics"]["history"]) == 3
     assert conf["export"]["output_names"] == ["logits", "ood_score"] and conf["ood"]["threshold"] > 0
-    # The robust text recipe (model_export.userrecipe), as the shipped lara-text-news was trained.
+    # The robust text recipe (lara_serve.model_export.your_data.recipe), as the shipped lara-text-news was trained.
     assert conf["model"]["pooling"] == "attention" and conf["model"]["case_fold"] is True
     training = conf["training"]
     assert training["augment"] is True and training["text_augment"]["filler_prob"] == 0.5
     assert training["text_augment"]["max_total"] == 1024 and training["init"] == "none"
-    # The wide path (model_export.userwide): in the graph, fitted, blended; each part scored alone.
+    # The wide path (lara_serve.model_export.your_data.wide): in the graph, fitted, blended; each part scored alone.
     assert conf["model"]["tfidf_buckets"] >= 2**16 and conf["model"]["tfidf_utf8"] is True
     parts = conf["metrics"]["parts"]
     assert parts["blend"]["encoder"] + parts["blend"]["wide"] > 0 and training["wide_fit_s"] >= 0
@@ -254,7 +254,7 @@ def test_ctrl_c_then_resume_through_the_command(work: Path, tmp_path: Path, monk
 def test_text_starts_from_the_shipped_encoder_with_a_new_head(work: Path) -> None:
     from safetensors.torch import load_file
 
-    from model_export.usertrain import SHIPPED, add_arguments, prepare
+    from lara_serve.model_export.your_data.command import SHIPPED, add_arguments, prepare
 
     shipped = SHIPPED / "lara-text-news" / "1" / "model.safetensors"
     if not shipped.is_file():
@@ -276,12 +276,12 @@ def test_two_processes_under_torchrun_match_one(work: Path, tmp_path: Path) -> N
     import subprocess
     import sys
 
-    from server.testing import free_port
+    from lara_serve.server.testing import free_port
 
     args = [str(work / "news.jsonl"), *TINY_TEXT, "--epochs", "2", "--lr", "3e-3", "--no-baseline", "--seed", "4"]
     assert train_main([*args, "--out", str(tmp_path / "one")]) == 0
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(free_port()), "-m", "clients", "train", *args, "--out", str(tmp_path / "two")]  # fmt: skip
+           "--master_port", str(free_port()), "-m", "lara_serve.clients", "train", *args, "--out", str(tmp_path / "two")]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=420)
     assert done.returncode == 0, done.stderr[-3000:]
     one, two = (json.loads((tmp_path / d / "config.json").read_text())["metrics"] for d in ("one", "two"))
@@ -296,7 +296,7 @@ def test_two_processes_under_torchrun_match_one(work: Path, tmp_path: Path) -> N
 def test_an_error_free_holdout_does_not_sharpen_the_temperature() -> None:
     from types import SimpleNamespace
 
-    from model_export.userartifact import serving_head
+    from lara_serve.model_export.your_data.artifact import serving_head
 
     g = torch.Generator().manual_seed(0)
     feats, labels = torch.randn(40, 8, generator=g), torch.arange(40) % 2
@@ -317,7 +317,7 @@ def test_an_error_free_holdout_does_not_sharpen_the_temperature() -> None:
 
 
 def test_config_names_a_shipped_init_by_its_name_not_this_checkouts_path(tmp_path: Path) -> None:
-    from model_export.userartifact import SHIPPED, init_record
+    from lara_serve.model_export.your_data.artifact import SHIPPED, init_record
 
     assert init_record(None) == "none"
     assert init_record(SHIPPED / "lara-text-news") == "lara-text-news"

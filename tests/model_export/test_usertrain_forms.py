@@ -14,13 +14,13 @@ import pytest
 import torch
 from user_samples import TINY_TEXT, VOCAB, text_inputs, torch_probs, write_text_form, write_texts
 
-from clients.__main__ import main as lara
-from clients.client import LaraClient
-from model_export import userdata as ud
-from model_export import userwide
-from model_export.long_docs import SEPARATOR
-from model_export.usertrain import SHIPPED, Prepared, add_arguments, prepare
-from server.testing import server_process
+from lara_serve.clients.__main__ import main as lara
+from lara_serve.clients.client import LaraClient
+from lara_serve.model_export.training.long_docs import SEPARATOR
+from lara_serve.model_export.your_data import loader as ud
+from lara_serve.model_export.your_data import wide as userwide
+from lara_serve.model_export.your_data.command import SHIPPED, Prepared, add_arguments, prepare
+from lara_serve.server.testing import server_process
 
 FORMS = {"csv": "d.csv", "tsv": "d.tsv", "folder": "texts"}
 
@@ -103,7 +103,7 @@ def test_pooling_passages_takes_the_shipped_news_readout_whole(tmp_path: Path) -
     assert prep.cfg.pooling == "passages" and prep.cfg.passage_bytes == shipped["passage_bytes"]
     assert prep.model.passages is not None and prep.model.pool is None
     assert prep.hp["init_tensors"]["fresh"] == ["head.bias", "head.weight", "tfidf.idf", "tfidf.weight"]
-    assert prep.hp["recipe"].startswith("robust text (model_export.userrecipe): passages pooling")
+    assert prep.hp["recipe"].startswith("robust text (lara_serve.model_export.your_data.recipe): passages pooling")
     assert _prepare([*argv, "--pooling", "mean"]).model.pool is None
     with pytest.raises(SystemExit):
         _prepare([*argv, "--pooling", "max"])  # argparse names the choices

@@ -1,4 +1,4 @@
-"""The wide path of `lara train` (model_export.userwide): its sparse features against the head's own logits and a
+"""The wide path of `lara train` (lara_serve.model_export.your_data.wide): its sparse features against the head's own logits and a
 float64 Python reference, UTF-8 words, the logistic-regression fit, the holdout blend, and the installed model
 computing a * encoder + b * wide."""
 
@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from model_export import userwide
-from model_export.registry import build_model, get_config
-from model_export.text import _BASE, _BIGRAM_MUL, _BIGRAM_SALT, _WORD_MOD, TFIDF_GAIN, WORD_MAX_BYTES, TfidfHead
+from lara_serve.model_export.models.registry import build_model, get_config
+from lara_serve.model_export.models.text import _BIGRAM_MUL, _BIGRAM_SALT, TFIDF_GAIN, TfidfHead
+from lara_serve.model_export.models.text_embeddings import _BASE, _WORD_MOD, WORD_MAX_BYTES
+from lara_serve.model_export.your_data import wide as userwide
 
 BUCKETS = 4093
 DOCS = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model_export.text import _BASE, _WORD_MOD, WORD_MAX_BYTES, WordEmbedding
+from lara_serve.model_export.models.text_embeddings import _BASE, _WORD_MOD, WORD_MAX_BYTES, WordEmbedding
 
 BUCKETS = 1009
 

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from model_export.hub import load_pretrained
+from lara_serve.model_export.models.hub import load_pretrained
 
 TINY_TEXT = ["--arch", "tiny-text", "--init", "none", "--max-length", "1024", "--threads", "1", "--quiet"]
 TINY_IMAGE = ["--arch", "tiny-vit", "--threads", "1", "--quiet", "--image-size", "12"]

@@ -10,8 +10,8 @@ import httpx
 import pytest
 from server_helpers import IMAGE, MAX_LENGTH, TEXT, serve
 
-from server import Settings
-from server.synthetic import make_image_model, make_text_model
+from lara_serve.server import Settings
+from lara_serve.server.synthetic import make_image_model, make_text_model
 
 
 @pytest.fixture(scope="session")

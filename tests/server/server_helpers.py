@@ -12,8 +12,8 @@ import httpx
 import numpy as np
 from PIL import Image
 
-from server import Settings, create_app
-from server.models import ServedModel
+from lara_serve.server import Settings, create_app
+from lara_serve.server.models import ServedModel
 
 TEXT, IMAGE = "tiny-text", "tiny-image"
 MAX_LENGTH = 256

@@ -7,13 +7,13 @@ import sys
 
 import pytest
 
-from server import Settings
+from lara_serve.server import Settings
 
 PROBE = """
 import resource, sys
 import numpy as np
 if sys.argv[1] == "on":
-    from server.backends.allocator import keep_freed_memory
+    from lara_serve.server.backends.allocator import keep_freed_memory
     assert keep_freed_memory() is None
     assert keep_freed_memory() is None  # idempotent
 def touch():  # 64 MiB, every page written, then freed

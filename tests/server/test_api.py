@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from server_helpers import IMAGE, TEXT, png_bytes, serve
 
-from server import Settings
-from server.synthetic import IMAGE_LABELS, TEXT_LABELS
+from lara_serve.server import Settings
+from lara_serve.server.synthetic import IMAGE_LABELS, TEXT_LABELS
 
 pytestmark = pytest.mark.anyio
 
@@ -27,7 +27,7 @@ async def test_health_and_server_metadata(client: httpx.AsyncClient) -> None:
 
 
 async def test_not_ready_before_lifespan(make_settings: Callable[..., Settings]) -> None:
-    from server import create_app
+    from lara_serve.server import create_app
 
     app = create_app(make_settings())  # lifespan never ran: nothing loaded
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:

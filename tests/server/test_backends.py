@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 from server_helpers import IMAGE, TEXT
 
-from server.backends import BackendUnavailable, create_backend
-from server.backends.onnx_runtime import SPIN_KEYS
-from server.backends.pytorch import TorchBackend
-from server.models import load_models
-from server.preprocess import collate, text_item
-from server.repository import RepositoryError, read_config
-from server.settings import DEFAULT_MODEL_REPOSITORY, Settings
-from server.synthetic import load_synthetic
+from lara_serve.server.backends import BackendUnavailable, create_backend
+from lara_serve.server.backends.onnx_runtime import SPIN_KEYS
+from lara_serve.server.backends.pytorch import TorchBackend
+from lara_serve.server.models import load_models
+from lara_serve.server.preprocess import collate, text_item
+from lara_serve.server.repository import RepositoryError, read_config
+from lara_serve.server.settings import DEFAULT_MODEL_REPOSITORY, Settings
+from lara_serve.server.synthetic import load_synthetic
 
 
 def test_onnxruntime_runs_text_and_image(repo: Path) -> None:
@@ -31,7 +31,7 @@ def test_onnxruntime_runs_text_and_image(repo: Path) -> None:
 
 @pytest.mark.parametrize("spinning", [False, True])
 def test_ort_spinning_setting_reaches_every_session(repo: Path, spinning: bool) -> None:
-    """Spinning intra-op threads doubled a request's CPU time (docs/protocols.md): off unless asked for, and
+    """Spinning intra-op threads doubled a request's CPU time (docs/performance.md): off unless asked for, and
     the setting must reach the session that serves, not only the options object."""
     models = load_models(Settings(model_repository=repo, warmup=False, ort_spinning=spinning))
     try:
@@ -89,7 +89,7 @@ def _real_models() -> list[Path]:
 @pytest.mark.skipif(not _real_models(), reason="no trained model in model_repository/ yet (model_export)")
 @pytest.mark.parametrize("model_dir", _real_models(), ids=lambda p: p.name)
 def test_real_models_both_backends_agree(model_dir: Path) -> None:
-    pytest.importorskip("model_export", reason="model_export.load_pretrained not written yet")
+    pytest.importorskip("lara_serve.model_export", reason="lara_serve.model_export.load_pretrained not written yet")
     config = read_config(model_dir)
     onnx_backend = create_backend("onnxruntime", model_dir, config, "cpu")
     torch_backend = create_backend("torch", model_dir, config, "cpu")
@@ -103,7 +103,7 @@ def test_real_models_both_backends_agree(model_dir: Path) -> None:
 
 @pytest.mark.skipif(len(_real_models()) < 2, reason="needs two trained models in model_repository/")
 def test_model_backends_choose_per_model() -> None:
-    pytest.importorskip("model_export", reason="the torch backend needs model_export")
+    pytest.importorskip("lara_serve.model_export", reason="the torch backend needs model_export")
     torch_name, ort_name = _real_models()[0].name, _real_models()[1].name
     settings = Settings(
         models=[torch_name, ort_name], backend="onnxruntime", model_backends={torch_name: "torch"}, warmup=False
@@ -127,7 +127,7 @@ def _two_lengths(config) -> dict[str, np.ndarray]:  # type: ignore[no-untyped-de
 
 
 def test_long_rows_run_on_torch_and_short_rows_on_onnxruntime(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from server.backends import onnx_runtime
+    from lara_serve.server.backends import onnx_runtime
 
     monkeypatch.setattr(onnx_runtime, "LONG_TOKENS", 16)  # the synthetic model's texts are short
     config = read_config(repo / TEXT)
@@ -150,7 +150,7 @@ def test_long_rows_run_on_torch_and_short_rows_on_onnxruntime(repo: Path, monkey
 
 
 def test_without_torch_weights_long_rows_stay_on_onnxruntime(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from server.backends import onnx_runtime
+    from lara_serve.server.backends import onnx_runtime
 
     monkeypatch.setattr(onnx_runtime, "LONG_TOKENS", 16)
     config = read_config(repo / TEXT)  # a synthetic model: its model.safetensors is not model_export's
@@ -169,8 +169,8 @@ def test_without_torch_weights_long_rows_stay_on_onnxruntime(repo: Path, monkeyp
 
 
 def test_the_hand_off_length_is_where_the_torch_forward_slices(repo: Path, tmp_path: Path) -> None:
-    from model_export import long_forward
-    from server.backends import onnx_runtime
+    from lara_serve.model_export.models import long_forward
+    from lara_serve.server.backends import onnx_runtime
 
     assert onnx_runtime.LONG_TOKENS == long_forward.LONG_FROM
     missing = onnx_runtime._TorchForLong(tmp_path, read_config(repo / TEXT), 0)

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.batcher import Batcher, BatchPolicy
-from server.errors import ErrorKind, ServeError
+from lara_serve.server.batcher import Batcher, BatchPolicy
+from lara_serve.server.errors import ErrorKind, ServeError
 
 pytestmark = pytest.mark.anyio
 

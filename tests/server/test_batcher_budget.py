@@ -15,10 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server import batcher as batcher_module
-from server.batcher import Batcher, BatchPolicy, BatchResult
-from server.errors import ErrorKind, ServeError
-from server.settings import Settings
+from lara_serve.server import batcher as batcher_module
+from lara_serve.server.batcher import Batcher, BatchPolicy, BatchResult
+from lara_serve.server.errors import ErrorKind, ServeError
+from lara_serve.server.settings import Settings
 
 pytestmark = pytest.mark.anyio
 

@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 from server_helpers import TEXT, asgi_post
 
-from server import Settings, create_app
-from server.backends.onnx_runtime import OnnxRuntimeBackend
-from server.batcher import Batcher, BatchPolicy
-from server.errors import ErrorKind, ServeError
-from server.metrics import Metrics
-from server.models import ServedModel
-from server.repository import read_config
+from lara_serve.server import Settings, create_app
+from lara_serve.server.backends.onnx_runtime import OnnxRuntimeBackend
+from lara_serve.server.batcher import Batcher, BatchPolicy
+from lara_serve.server.errors import ErrorKind, ServeError
+from lara_serve.server.metrics import Metrics
+from lara_serve.server.models import ServedModel
+from lara_serve.server.repository import read_config
 
 pytestmark = pytest.mark.anyio
 

@@ -10,8 +10,8 @@ from typing import Any
 
 from fastapi.routing import APIRoute
 
-from server.app import create_app
-from server.settings import Settings
+from lara_serve.server.app import create_app
+from lara_serve.server.settings import Settings
 
 
 def _calls(dependant: Any) -> Iterator[Callable[..., Any]]:

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 from server_helpers import TEXT, serve
 
-from server import Settings
-from server.backends.onnx_runtime import OnnxRuntimeBackend
-from server.backends.pytorch import TorchBackend
-from server.batcher import BatchPolicy
-from server.models import ServedModel
-from server.preprocess import collate, text_item
-from server.repository import read_config
-from server.synthetic import load_synthetic
+from lara_serve.server import Settings
+from lara_serve.server.backends.onnx_runtime import OnnxRuntimeBackend
+from lara_serve.server.backends.pytorch import TorchBackend
+from lara_serve.server.batcher import BatchPolicy
+from lara_serve.server.models import ServedModel
+from lara_serve.server.preprocess import collate, text_item
+from lara_serve.server.repository import read_config
+from lara_serve.server.synthetic import load_synthetic
 
 pytestmark = pytest.mark.anyio
 DOC = "the quarterly results beat the market's expectations " * 2

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.errors import (
+from lara_serve.server.errors import (
     HTTP_STATUS,
     ErrorKind,
     ServeError,

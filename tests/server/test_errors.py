@@ -21,11 +21,11 @@ from hypothesis import strategies as st
 from PIL import Image
 from server_helpers import IMAGE, MAX_LENGTH, TEXT, png_bytes, serve
 
-from server import Settings
-from server.backends.onnx_runtime import OnnxRuntimeBackend
-from server.batcher import BatchPolicy
-from server.models import ServedModel
-from server.repository import read_config
+from lara_serve.server import Settings
+from lara_serve.server.backends.onnx_runtime import OnnxRuntimeBackend
+from lara_serve.server.batcher import BatchPolicy
+from lara_serve.server.models import ServedModel
+from lara_serve.server.repository import read_config
 
 pytestmark = pytest.mark.anyio
 V2, V1 = f"/v2/models/{TEXT}/infer", f"/v1/models/{TEXT}:predict"

@@ -14,9 +14,9 @@ import httpx
 import pytest
 from server_helpers import png_bytes, serve
 
-from server import Settings
-from server.explain import MIN_PASSAGE_BYTES, split_passages
-from server.synthetic import TEXT_LABELS, make_image_model, make_text_model
+from lara_serve.server import Settings
+from lara_serve.server.explain import MIN_PASSAGE_BYTES, split_passages
+from lara_serve.server.synthetic import TEXT_LABELS, make_image_model, make_text_model
 
 pytestmark = pytest.mark.anyio
 MODEL, IMAGE = "explain-text", "explain-image"
@@ -257,8 +257,8 @@ class _Slow:
     """The real backend, 0.2 s per batch: an explanation of 1 + 15 runs of one item each takes ~3 s."""
 
     def __init__(self, model_dir: Path) -> None:
-        from server.backends import create_backend
-        from server.repository import read_config
+        from lara_serve.server.backends import create_backend
+        from lara_serve.server.repository import read_config
 
         self.config = read_config(model_dir)
         self.inner = create_backend("onnxruntime", model_dir, self.config, "cpu")
@@ -277,7 +277,7 @@ class _Slow:
 
 
 async def test_the_request_timeout_covers_the_occluded_runs(repo: Path) -> None:
-    from server.models import ServedModel, policy_from
+    from lara_serve.server.models import ServedModel, policy_from
 
     settings = Settings(model_repository=repo, max_batch_size=1, request_timeout_s=1.0, warmup=False)
     backend = _Slow(repo / MODEL)

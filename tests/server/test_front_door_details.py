@@ -11,8 +11,8 @@ import httpx
 import pytest
 from server_helpers import IMAGE, TEXT, png_bytes, serve
 
-from server import Settings
-from server.__main__ import build_parser
+from lara_serve.server import Settings
+from lara_serve.server.__main__ import build_parser
 
 pytestmark = pytest.mark.anyio
 
@@ -84,7 +84,7 @@ def test_help_names_the_command() -> None:
 async def test_startup_log_mentions_the_ui(
     make_settings: Callable[..., Settings], caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.INFO, logger="server.app"):
+    with caplog.at_level(logging.INFO, logger="lara_serve.server.app"):
         async with serve(make_settings(port=8123)):
             pass
     assert any("http://127.0.0.1:8123/ui" in r.getMessage() for r in caplog.records)

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from server_helpers import IMAGE, MAX_LENGTH, TEXT, png_bytes
 
-from server.synthetic import IMAGE_LABELS, TEXT_LABELS
-from server.testing import free_port, server_process
+from lara_serve.server.synthetic import IMAGE_LABELS, TEXT_LABELS
+from lara_serve.server.testing import free_port, server_process
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
 grpc = pytest.importorskip("grpc")

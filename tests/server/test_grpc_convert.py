@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
-from server.errors import ErrorKind, ServeError
-from server.grpc.convert import (
+from lara_serve.server.errors import ErrorKind, ServeError
+from lara_serve.server.grpc.convert import (
     decoded_request,
     from_json,
     infer_response,
@@ -17,7 +17,7 @@ from server.grpc.convert import (
     parameter_value,
     parameters,
 )
-from server.routes.v2 import InferAnswer
+from lara_serve.server.routes.v2 import InferAnswer
 
 
 def _refused(request: pb.ModelInferRequest) -> str:

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from server_helpers import TEXT, serve
 
-from server import Settings
-from server.errors import GRPC_STATUS, HTTP_STATUS, ErrorKind, ServeError
+from lara_serve.server import Settings
+from lara_serve.server.errors import GRPC_STATUS, HTTP_STATUS, ErrorKind, ServeError
 
 grpc = pytest.importorskip("grpc")
 from tritonclient.grpc import service_pb2 as pb  # noqa: E402
 
-from server.grpc.service import InferenceService  # noqa: E402
+from lara_serve.server.grpc.service import InferenceService  # noqa: E402
 
 pytestmark = pytest.mark.anyio
 
@@ -90,8 +90,8 @@ async def test_cancelled_call_drops_its_items(make_settings: Callable[..., Setti
 def test_preflight_names_a_busy_grpc_port(make_settings: Callable[..., Settings]) -> None:
     import socket
 
-    from server.preflight import preflight
-    from server.testing import free_port
+    from lara_serve.server.preflight import preflight
+    from lara_serve.server.testing import free_port
 
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

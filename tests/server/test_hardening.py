@@ -17,11 +17,11 @@ import pytest
 from PIL import Image
 from server_helpers import IMAGE, TEXT, asgi_post, png_bytes, serve
 
-from server import Settings, create_app
-from server.__main__ import main
-from server.models import ModelLoadError, load_repository
-from server.preprocess import DecodeBudget
-from server.synthetic import make_image_model, make_text_model
+from lara_serve.server import Settings, create_app
+from lara_serve.server.__main__ import main
+from lara_serve.server.models import ModelLoadError, load_repository
+from lara_serve.server.preprocess import DecodeBudget
+from lara_serve.server.synthetic import make_image_model, make_text_model
 
 pytestmark = pytest.mark.anyio
 V1, V2 = f"/v1/models/{TEXT}:predict", f"/v2/models/{TEXT}/infer"
@@ -188,7 +188,7 @@ def test_strict_models_refuses_to_start(broken_repo: Path) -> None:
 def test_connection_cap_and_backlog_fit_a_low_open_file_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     import resource
 
-    from server import serving
+    from lara_serve.server import serving
 
     def refuse(*_: object) -> None:
         raise ValueError("cannot raise the limit")

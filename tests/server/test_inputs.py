@@ -10,8 +10,8 @@ import httpx
 import pytest
 from server_helpers import IMAGE, MAX_LENGTH, TEXT, png_bytes, serve
 
-from server import Settings
-from server.synthetic import IMAGE_LABELS, TEXT_LABELS
+from lara_serve.server import Settings
+from lara_serve.server.synthetic import IMAGE_LABELS, TEXT_LABELS
 
 pytestmark = pytest.mark.anyio
 TEXT_SAMPLE = "Café prices rose in Zürich; the résumé of the week: señor Müller's naïve coöperative won."
@@ -192,9 +192,9 @@ async def test_v1_and_v2_metadata_carry_the_card(client: httpx.AsyncClient) -> N
 
 
 async def test_shipped_cards_carry_attention_and_accuracy() -> None:
-    from server.model_card import describe
-    from server.models import load_models
-    from server.settings import DEFAULT_MODEL_REPOSITORY
+    from lara_serve.server.model_card import describe
+    from lara_serve.server.models import load_models
+    from lara_serve.server.settings import DEFAULT_MODEL_REPOSITORY
 
     settings = Settings(model_repository=DEFAULT_MODEL_REPOSITORY, models=["lara-vit-fashion"], warmup=False)
     (model,) = load_models(settings).values()

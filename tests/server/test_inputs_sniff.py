@@ -1,4 +1,4 @@
-"""What `server.inputs` takes bytes to be: image signatures (WebP too), UTF-8 text or unknown binary, and an
+"""What `lara_serve.server.inputs` takes bytes to be: image signatures (WebP too), UTF-8 text or unknown binary, and an
 image (or its base64 text) sent to a text model. Each expectation is written out by hand from the formats'
 published signatures, so a slip in the sniffing (a wrong offset, a lost check) changes an answer here."""
 
@@ -10,7 +10,7 @@ import io
 import pytest
 from PIL import Image
 
-from server.inputs import image_for_text_model, sniff
+from lara_serve.server.inputs import image_for_text_model, sniff
 
 
 def _image(fmt: str) -> bytes:

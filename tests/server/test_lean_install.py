@@ -18,11 +18,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from server.settings import REPO_ROOT
-from server.testing import free_port
+from lara_serve.server.settings import REPO_ROOT
+from lara_serve.server.testing import free_port
 
 pytestmark = pytest.mark.slow
-SOURCES = ("pyproject.toml", "README.md", "server", "clients", "kernels", "model_export")
+SOURCES = ("pyproject.toml", "README.md", "lara_serve", "server", "clients", "kernels", "model_export")
 HEAVY = ("torch", "triton", "onnx", "onnxscript", "safetensors", "matplotlib", "pytest", "sklearn", "tritonclient")
 
 

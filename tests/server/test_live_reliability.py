@@ -1,4 +1,4 @@
-"""A real `python -m server` on 127.0.0.1 under the issue's failure cases: SIGTERM/SIGINT under load,
+"""A real `python -m lara_serve.server` on 127.0.0.1 under the issue's failure cases: SIGTERM/SIGINT under load,
 clients that hang up while queued, and slow or too many connections. Bounded: each server is ours, on a
 loopback port, stopped by its PID."""
 
@@ -23,8 +23,8 @@ from typing import IO, Any
 import httpx
 import pytest
 
-from server.synthetic import make_text_model
-from server.testing import free_port
+from lara_serve.server.synthetic import make_text_model
+from lara_serve.server.testing import free_port
 
 MODEL = "slow-text"
 # About 8 ms per item on one thread (2026-12, 2 cores): 128 of them keep the model busy for about a second.
@@ -44,7 +44,7 @@ def live_server(repo: Path, **env: str) -> Iterator[tuple[subprocess.Popen[bytes
     port = free_port()
     settings = {"LARA_MODEL_REPOSITORY": str(repo), "LARA_NUM_THREADS": "1", "LARA_WARMUP": "false",
                 "LARA_MAX_BATCH_SIZE": "8", "LARA_LOG_LEVEL": "info"} | env  # fmt: skip
-    cmd = [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port)]
+    cmd = [sys.executable, "-m", "lara_serve.server", "--host", "127.0.0.1", "--port", str(port)]
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(cmd, env={**os.environ, **settings}, stdout=log, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"

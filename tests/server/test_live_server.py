@@ -1,4 +1,4 @@
-"""A real `python -m server` (uvicorn) on 127.0.0.1: raw HTTP, tritonclient (binary and JSON), kserve."""
+"""A real `python -m lara_serve.server` (uvicorn) on 127.0.0.1: raw HTTP, tritonclient (binary and JSON), kserve."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from server_helpers import IMAGE, TEXT, png_bytes
 
-from server.synthetic import TEXT_LABELS
-from server.testing import server_process
+from lara_serve.server.synthetic import TEXT_LABELS
+from lara_serve.server.testing import server_process
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +80,7 @@ def test_kserve_rest_client(live_url: str) -> None:
 
 def test_impossible_settings_refuse_to_start(repo: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "server", "--model-repository", str(repo), "--max-batch-size", "64",
+        [sys.executable, "-m", "lara_serve.server", "--model-repository", str(repo), "--max-batch-size", "64",
          "--max-queue-size", "8"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip

@@ -1,4 +1,4 @@
-"""The shipped text models through a real `python -m server` on 127.0.0.1, at 64 KB and 1 MiB: served whole,
+"""The shipped text models through a real `python -m lara_serve.server` on 127.0.0.1, at 64 KB and 1 MiB: served whole,
 refused one byte past max_length (1 MiB) with the options named, truncated on request and said so.
 
 The server runs the default backend, onnxruntime, which hands documents above 64K tokens to the model's torch
@@ -14,9 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from model_export.data import DataUnavailable, load_news
-from model_export.long_docs import make_composites
-from server.testing import server_process
+from lara_serve.model_export.training.data import DataUnavailable, load_news
+from lara_serve.model_export.training.long_docs import make_composites
+from lara_serve.server.testing import server_process
 
 REPO = Path(__file__).resolve().parents[2] / "model_repository"
 NEWS = "lara-text-news"

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from server_helpers import serve
 
-from server import Settings
-from server.backends import ModelOutputs, create_backend
-from server.batcher import Batcher, BatchPolicy
-from server.models import ServedModel, policy_from
-from server.repository import read_config
-from server.synthetic import make_text_model
+from lara_serve.server import Settings
+from lara_serve.server.backends import ModelOutputs, create_backend
+from lara_serve.server.batcher import Batcher, BatchPolicy
+from lara_serve.server.models import ServedModel, policy_from
+from lara_serve.server.repository import read_config
+from lara_serve.server.synthetic import make_text_model
 
 pytestmark = pytest.mark.anyio
 MIB = 1 << 20

@@ -14,13 +14,13 @@ import pytest
 from PIL import Image
 from server_helpers import serve
 
-from server import Settings
-from server.backends import BackendUnavailable, ModelOutputs, create_backend
-from server.backends.pytorch import TorchBackend
-from server.models import ServedModel, policy_from
-from server.preprocess import collate, text_item
-from server.repository import RepositoryError, read_config
-from server.synthetic import ENGLISH, load_synthetic, make_image_model, make_text_model
+from lara_serve.server import Settings
+from lara_serve.server.backends import BackendUnavailable, ModelOutputs, create_backend
+from lara_serve.server.backends.pytorch import TorchBackend
+from lara_serve.server.models import ServedModel, policy_from
+from lara_serve.server.preprocess import collate, text_item
+from lara_serve.server.repository import RepositoryError, read_config
+from lara_serve.server.synthetic import ENGLISH, load_synthetic, make_image_model, make_text_model
 
 TEXT, IMAGE, OLD = "ood-text", "ood-image", "old-text"
 RANDOM = bytes(np.random.default_rng(3).integers(0, 256, 600, dtype=np.uint8)).decode("latin-1")
@@ -270,8 +270,8 @@ async def test_non_finite_ood_score_is_a_500_not_nan_json(ood_repo: Path) -> Non
 
 def test_torch_loader_asks_for_the_served_model_when_it_can(monkeypatch: pytest.MonkeyPatch) -> None:
     """model_export's load_pretrained(serving=True) adds the calibration temperature and ood_score head."""
-    import model_export
-    from server.backends.pytorch import default_loader
+    from lara_serve import model_export
+    from lara_serve.server.backends.pytorch import default_loader
 
     calls: list[dict[str, object]] = []
 

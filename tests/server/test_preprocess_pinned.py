@@ -12,8 +12,8 @@ import pytest
 from PIL import Image
 from server_helpers import MAX_LENGTH, TEXT
 
-from server.errors import ErrorKind, ServeError
-from server.preprocess import (
+from lara_serve.server.errors import ErrorKind, ServeError
+from lara_serve.server.preprocess import (
     IDS,
     MASK,
     PIXELS,
@@ -25,7 +25,7 @@ from server.preprocess import (
     text_item,
     text_items_from_tensors,
 )
-from server.repository import ImagePreprocessing, ModelConfig, TextPreprocessing, read_config
+from lara_serve.server.repository import ImagePreprocessing, ModelConfig, TextPreprocessing, read_config
 
 VOCAB = 257  # the synthetic text model: 256 byte values + padding id 0
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from server.testing import server_process
+from lara_serve.server.testing import server_process
 
 http = pytest.importorskip("tritonclient.http")
 REPO = Path(__file__).resolve().parents[2] / "model_repository"
@@ -84,7 +84,7 @@ def test_metadata_and_config_carry_the_preprocessing(triton: object) -> None:
 
 
 def test_pixel_values_from_the_metadata_match_the_raw_images(triton: object) -> None:
-    data = pytest.importorskip("model_export.data")
+    data = pytest.importorskip("lara_serve.model_export.training.data")
     try:
         images, _ = data.load_fashion("test")
     except data.DataUnavailable as exc:

@@ -18,12 +18,12 @@ import httpx
 import pytest
 from server_helpers import IMAGE, MAX_LENGTH, TEXT, asgi_post, png_bytes, serve
 
-import server.models
-import server.routes.common
-import server.schemas
-from server import Settings, create_app
-from server.preprocess import text_item
-from server.repository import TextPreprocessing, read_config
+import lara_serve.server.models
+import lara_serve.server.routes.common
+import lara_serve.server.schemas
+from lara_serve.server import Settings, create_app
+from lara_serve.server.preprocess import text_item
+from lara_serve.server.repository import TextPreprocessing, read_config
 
 pytestmark = pytest.mark.anyio
 
@@ -113,14 +113,14 @@ async def test_large_bodies_beyond_the_cap_wait_then_get_503(make_settings: Call
 def counting_decodes(monkeypatch: pytest.MonkeyPatch, seconds: float) -> list[float]:
     """Every image decode takes `seconds` longer and is recorded (when it started)."""
     started: list[float] = []
-    real = server.models.image_item
+    real = lara_serve.server.models.image_item
 
     def slow(*args: Any, **kwargs: Any) -> Any:
         started.append(time.perf_counter())
         time.sleep(seconds)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(server.models, "image_item", slow)
+    monkeypatch.setattr(lara_serve.server.models, "image_item", slow)
     return started
 
 
@@ -171,21 +171,21 @@ async def test_large_uploads_are_joined_and_decoded_off_the_event_loop(
     hand-off costs more than the work). Answers are the same either way."""
     loop_thread = threading.get_ident()  # the in-process app runs on the test's event loop
     on_loop: list[tuple[int, bool]] = []
-    real_model_bytes = server.routes.common.model_bytes
+    real_model_bytes = lara_serve.server.routes.common.model_bytes
 
     def recording_model_bytes(task: str, name: str, data: bytes, content_type: str | None) -> bytes:
         on_loop.append((len(data), threading.get_ident() == loop_thread))
         return real_model_bytes(task, name, data, content_type)
 
     off_loop: list[str] = []
-    real_run_parser = server.schemas.run_parser
+    real_run_parser = lara_serve.server.schemas.run_parser
 
     async def recording_run_parser(work: Callable[..., Any], *args: Any) -> Any:
         off_loop.append(getattr(work, "__name__", ""))
         return await real_run_parser(work, *args)
 
-    monkeypatch.setattr(server.routes.common, "model_bytes", recording_model_bytes)
-    monkeypatch.setattr(server.schemas, "run_parser", recording_run_parser)
+    monkeypatch.setattr(lara_serve.server.routes.common, "model_bytes", recording_model_bytes)
+    monkeypatch.setattr(lara_serve.server.schemas, "run_parser", recording_run_parser)
     large, small = b"caf\xe9 " * (2 << 18), b"caf\xe9 " * 1000  # latin-1 bytes: not UTF-8
     url = f"/v1/models/{TEXT}:classify?truncate=tail"
     async with serve(make_settings()) as client:
@@ -208,8 +208,10 @@ async def test_memory_is_handed_back_once_idle_after_a_burst(
     """After TRIM_AFTER_CONCURRENT or more requests at once, the allocator's free memory is handed back
     once no request has been in flight for TRIM_IDLE_S; a few requests at a time never trim."""
     trims: list[float] = []
-    monkeypatch.setattr(server.routes.common, "release_free_memory", lambda: trims.append(time.perf_counter()))
-    monkeypatch.setattr(server.routes.common, "TRIM_IDLE_S", 0.2)
+    monkeypatch.setattr(
+        lara_serve.server.routes.common, "release_free_memory", lambda: trims.append(time.perf_counter())
+    )
+    monkeypatch.setattr(lara_serve.server.routes.common, "TRIM_IDLE_S", 0.2)
     url = f"/v1/models/{TEXT}:classify?truncate=head"
     async with serve(make_settings()) as client:
 
@@ -221,7 +223,7 @@ async def test_memory_is_handed_back_once_idle_after_a_burst(
         await burst(4)
         await asyncio.sleep(0.5)
         assert trims == []
-        done = await burst(server.routes.common.TRIM_AFTER_CONCURRENT + 8)
+        done = await burst(lara_serve.server.routes.common.TRIM_AFTER_CONCURRENT + 8)
         await asyncio.sleep(0.1)
         assert trims == []  # not idle for long enough yet
         await asyncio.sleep(0.5)

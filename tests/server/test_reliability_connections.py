@@ -1,4 +1,4 @@
-"""Connection-level limits on a real `python -m server` on 127.0.0.1 (issue 36, items 2 and 6): the body
+"""Connection-level limits on a real `python -m lara_serve.server` on 127.0.0.1 (issue 36, items 2 and 6): the body
 timeout holds after an early answer (a trickling client cannot keep a connection slot), and over the
 connection cap a client reads a 503 with Retry-After instead of a reset. Bounded: a few sockets, seconds."""
 
@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 
-from server.testing import free_port, server_process
+from lara_serve.server.testing import free_port, server_process
 
 BODY_TIMEOUT_S = 1.5
 
@@ -110,7 +110,7 @@ def test_over_the_connection_cap_the_client_reads_a_503_with_retry_after(url: st
 
 def test_upload_in_progress_at_shutdown_gets_a_json_503_and_the_server_exits_soon(repo: Path) -> None:
     port = free_port()
-    cmd = [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port), "--model-repository",
+    cmd = [sys.executable, "-m", "lara_serve.server", "--host", "127.0.0.1", "--port", str(port), "--model-repository",
            str(repo), "--no-warmup", "--graceful-timeout-s", "1"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

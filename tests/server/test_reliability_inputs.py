@@ -22,12 +22,12 @@ import pytest
 from PIL import Image
 from server_helpers import IMAGE, TEXT, serve
 
-from server import Settings
-from server.backends.onnx_runtime import OnnxRuntimeBackend
-from server.batcher import BatchPolicy
-from server.errors import clean_message, hide_paths_under
-from server.models import ServedModel
-from server.repository import read_config
+from lara_serve.server import Settings
+from lara_serve.server.backends.onnx_runtime import OnnxRuntimeBackend
+from lara_serve.server.batcher import BatchPolicy
+from lara_serve.server.errors import clean_message, hide_paths_under
+from lara_serve.server.models import ServedModel
+from lara_serve.server.repository import read_config
 
 pytestmark = pytest.mark.anyio
 CLASSIFY = f"/v1/models/{TEXT}:classify"
@@ -172,7 +172,7 @@ def test_api_key_file_keeps_the_key_off_the_command_line(repo: Path, tmp_path: P
     with pytest.raises(ValueError, match="empty"):
         Settings(model_repository=repo, api_key_file=tmp_path / "empty")
     help_text = subprocess.run(
-        [sys.executable, "-m", "server", "--help"], capture_output=True, text=True, timeout=60, check=True
+        [sys.executable, "-m", "lara_serve.server", "--help"], capture_output=True, text=True, timeout=60, check=True
     ).stdout
     assert "--api-key-file" in help_text and "LARA_API_KEY" in help_text and "ps" in help_text
 

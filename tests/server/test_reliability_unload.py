@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from server_helpers import serve
 
-from server import Settings
-from server.batcher import Batcher, BatchPolicy
-from server.errors import ErrorKind, ServeError
-from server.synthetic import make_text_model
+from lara_serve.server import Settings
+from lara_serve.server.batcher import Batcher, BatchPolicy
+from lara_serve.server.errors import ErrorKind, ServeError
+from lara_serve.server.synthetic import make_text_model
 
 pytestmark = pytest.mark.anyio
 MODEL = "busy-text"

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from server.__main__ import parse_settings
-from server.settings import DEFAULT_MODEL_REPOSITORY, Settings
+from lara_serve.server.__main__ import parse_settings
+from lara_serve.server.settings import DEFAULT_MODEL_REPOSITORY, Settings
 
 
 def test_defaults_and_env(monkeypatch: pytest.MonkeyPatch, repo: Path) -> None:
@@ -73,7 +73,7 @@ def test_ort_spinning_is_off_unless_asked(monkeypatch: pytest.MonkeyPatch, repo:
 
 def test_help_lists_every_setting(capsys: pytest.CaptureFixture[str]) -> None:
     """`lara-serve --help` prints (a "%" in a description once made argparse raise) and names each env var."""
-    from server.__main__ import main
+    from lara_serve.server.__main__ import main
 
     with pytest.raises(SystemExit) as exit_info:
         main(["--help"])

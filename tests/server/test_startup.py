@@ -11,13 +11,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from server.__main__ import main
-from server.testing import free_port, server_process
+from lara_serve.server.__main__ import main
+from lara_serve.server.testing import free_port, server_process
 
 
 def start(repo: Path, *args: str) -> tuple[int, str, float]:
     t0 = time.monotonic()
-    cmd = [sys.executable, "-m", "server", "--model-repository", str(repo), "--log-level", "info", *args]
+    cmd = [sys.executable, "-m", "lara_serve.server", "--model-repository", str(repo), "--log-level", "info", *args]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     return done.returncode, done.stderr + done.stdout, time.monotonic() - t0
 

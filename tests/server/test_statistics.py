@@ -1,4 +1,4 @@
-"""Triton statistics after a mixed workload: every count is kept and they add up (server.statistics)."""
+"""Triton statistics after a mixed workload: every count is kept and they add up (lara_serve.server.statistics)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import httpx
 import pytest
 from server_helpers import IMAGE, MAX_LENGTH, TEXT, png_bytes, serve
 
-from server import Settings
+from lara_serve.server import Settings
 
 pytestmark = pytest.mark.anyio
 

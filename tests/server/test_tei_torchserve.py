@@ -10,8 +10,8 @@ import httpx
 import pytest
 from server_helpers import IMAGE, MAX_LENGTH, TEXT, png_bytes, serve
 
-from server import Settings
-from server.synthetic import TEXT_LABELS
+from lara_serve.server import Settings
+from lara_serve.server.synthetic import TEXT_LABELS
 
 pytestmark = pytest.mark.anyio
 DOC = "The company reported higher profits this quarter as sales grew in every region."

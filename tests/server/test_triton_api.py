@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from server_helpers import IMAGE, MAX_LENGTH, TEXT, serve
 
-from server import Settings
-from server.synthetic import TEXT_LABELS
-from server.testing import server_process
+from lara_serve.server import Settings
+from lara_serve.server.synthetic import TEXT_LABELS
+from lara_serve.server.testing import server_process
 
 http = pytest.importorskip("tritonclient.http")
 KEY = "triton-test-key"
@@ -73,7 +73,7 @@ def test_statistics_count_what_was_served(triton: object) -> None:
     triton.infer(TEXT, [_texts("one", "two", "three")], headers=AUTH)
     triton.infer(TEXT, [_texts("four")], headers=AUTH)
     after = success()
-    # queue: per successful request, as Triton counts it (server.statistics)
+    # queue: per successful request, as Triton counts it (lara_serve.server.statistics)
     assert (after[0] - before[0], after[1] - before[1], after[2] - before[2]) == (2, 4, 2)
     everything = triton.get_inference_statistics(headers=AUTH)["model_stats"]
     assert sorted(s["name"] for s in everything) == sorted([IMAGE, TEXT])

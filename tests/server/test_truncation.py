@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from server_helpers import MAX_LENGTH, TEXT
 
-from server.errors import ErrorKind, ServeError
-from server.preprocess import TRUNCATION_SIDES, cut, truncation_side
+from lara_serve.server.errors import ErrorKind, ServeError
+from lara_serve.server.preprocess import TRUNCATION_SIDES, cut, truncation_side
 
 pytestmark = pytest.mark.anyio
 LONG = bytes(range(32, 127)) * 5  # 475 bytes > MAX_LENGTH, every byte value distinct within a period

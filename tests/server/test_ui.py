@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 
-from server.testing import server_process
+from lara_serve.server.testing import server_process
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -92,10 +92,10 @@ def test_swagger_and_redoc_render_offline(browser: Any, shipped_url: str, tmp_pa
 
 
 def _fashion_png() -> tuple[bytes, str]:
-    data = pytest.importorskip("model_export.data")
+    data = pytest.importorskip("lara_serve.model_export.training.data")
     from PIL import Image
 
-    from model_export.registry import FASHION_LABELS
+    from lara_serve.model_export.models.registry import FASHION_LABELS
 
     try:
         images, labels = data.load_fashion("test")
@@ -107,7 +107,7 @@ def _fashion_png() -> tuple[bytes, str]:
 
 
 def _news_text() -> tuple[str, str]:
-    data = pytest.importorskip("model_export.data")
+    data = pytest.importorskip("lara_serve.model_export.training.data")
     try:
         doc = data.load_news("test")[0]
     except data.DataUnavailable as exc:

@@ -16,8 +16,8 @@ from PIL import Image
 from test_explain import ARTICLE_WORDS, FILLER_WORDS, sentences
 from test_ui import CHROMIUM, FLAGS, Offline, _need, screenshot
 
-from server.synthetic import ENGLISH, make_image_model, make_text_model
-from server.testing import server_process
+from lara_serve.server.synthetic import ENGLISH, make_image_model, make_text_model
+from lara_serve.server.testing import server_process
 
 pytestmark = pytest.mark.slow
 OOD_TEXT, OOD_IMAGE, TRIGGER_TEXT = "ood-text", "ood-image", "trigger-text"

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.errors import ErrorKind, ServeError
-from server.v2_codec import NUMERIC_DTYPES, decode_request, encode_response, parse_header_length
+from lara_serve.server.errors import ErrorKind, ServeError
+from lara_serve.server.v2_codec import NUMERIC_DTYPES, decode_request, encode_response, parse_header_length
 
 
 def body(*inputs: tuple[dict[str, Any], bytes | None]) -> tuple[bytes, int]:

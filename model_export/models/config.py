@@ -1,0 +1,140 @@
+"""Frozen configuration dataclasses: attention, image ViT and byte-level text transformer."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+AttentionKind = Literal["softmax", "performer", "ra", "lara"]
+ATTENTION_KINDS: tuple[str, ...] = ("softmax", "performer", "ra", "lara")
+
+
+# TextConfig.pooling's values (its Literal), for validation and for CLIs that offer them.
+POOLINGS = ("mean", "attention", "passages")
+
+
+def _one_of(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    """Literal fields are not checked at run time: a misspelt value in a config.json or an --override would
+    otherwise fall through to the default branch of the code that reads it (e.g. positions "rope" ran as
+    sinusoidal), so it is refused here, naming what is allowed."""
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """How every attention layer of a model mixes tokens (spec sections 2-5, 7)."""
+
+    kind: AttentionKind = "lara"
+    num_landmarks: int = 49  # LARA proposals C (perfect square for images)
+    landmark_module: Literal["light", "none"] = "light"  # spec 5.2: Linear+LayerNorm per head dim
+    mixed: bool = False  # spec 5.2 `-mixed`: one softmax round among key landmarks (2-D only)
+    alpha_coeff: float = 1.0
+    performer_features: int = 64
+    eval_noise: Literal["mean", "fixed"] = "mean"  # spec 7: deterministic eval modes
+    qkv_bias: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kind not in ATTENTION_KINDS:
+            raise ValueError(f"attention kind must be one of {ATTENTION_KINDS}, got {self.kind!r}")
+        _one_of("landmark_module", self.landmark_module, ("light", "none"))
+        _one_of("eval_noise", self.eval_noise, ("mean", "fixed"))
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    """ViT for 28x28 grayscale images: conv stem -> token grid -> pre-LN blocks -> GAP -> head."""
+
+    arch: str = "vit"
+    image_size: int = 28
+    in_chans: int = 1
+    patch_size: int = 2  # stride of the last stem conv: 2 -> 14x14 = 196 tokens, 1 -> 784
+    stem_channels: int = 32  # 0: plain linear patch embedding (no conv stem)
+    stem_layers: int = 2  # 3x3 convs at full resolution before the strided one
+    stem_grid_layers: int = 0  # 3x3 convs at the token-grid resolution after the strided one
+    dim: int = 96
+    depth: int = 4
+    heads: int = 3
+    mlp_ratio: float = 2.0
+    drop_path: float = 0.0
+    mlp_dwconv: bool = False  # 3x3 depthwise conv inside each MLP (PVTv2-style locality; not in attention)
+    num_classes: int = 10
+    mean: float = 0.2860  # Fashion-MNIST train pixel mean of x/255
+    std: float = 0.3530
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+
+
+@dataclass(frozen=True)
+class TextConfig:
+    """Byte-level (or small-vocabulary) encoder: one position per token, masked mean, attention or passage
+    readout."""
+
+    arch: str = "text"
+    vocab_size: int = 257  # byte + 1, 0 = pad
+    max_length: int = 8192
+    dim: int = 128
+    depth: int = 2
+    heads: int = 4
+    mlp_ratio: float = 2.0
+    ngram_buckets: int = 0  # >0: hashed byte n-gram embeddings (ngram_orders) added at every position
+    ngram_orders: tuple[int, ...] = (2, 3, 4)
+    # >0: the n-gram table holds ngram_dim-wide rows and one bias-free Linear maps their sum to dim
+    # (factorized, ALBERT-style): more buckets, so fewer colliding n-grams, for the same parameters.
+    ngram_dim: int = 0
+    # >0: hashed whole-word embeddings (ASCII letters/digits, case-folded), one row added at each word's
+    # last byte; word_dim > 0 factorizes that table as ngram_dim does the n-gram one.
+    word_buckets: int = 0
+    word_dim: int = 0
+    # "mean": the masked mean of the final token vectors; "attention": one learned score per token and
+    # head group (heads groups of dim / heads channels), softmax over the document's tokens, weighted sum;
+    # "passages": the head reads each passage of passage_bytes tokens (its tokens' mean) and the document's
+    # logits are the log-mean-exp of the passages' logits (lara_serve.model_export.models.text.PassageReadout).
+    pooling: Literal["mean", "attention", "passages"] = "mean"
+    passage_bytes: int = 512
+    # >0: a wide path beside the encoder (Wide & Deep): a linear head over hashed word 1-2-gram tf-idf
+    # features in this many buckets, its logits added to the encoder's (lara_serve.model_export.models.text.TfidfHead).
+    tfidf_buckets: int = 0
+    # True: the wide path's words also take every byte >= 0x80 (words of any script, as UTF-8); False: ASCII
+    # letters and digits only (the encoder's word definition).
+    tfidf_utf8: bool = False
+    # True: ASCII letters are case-folded in the graph before anything reads them, so a document and its
+    # upper-cased copy are the same input (a byte model never sees every casing of every word in training).
+    case_fold: bool = False
+    # "sinusoidal": absolute positions (do not extrapolate past the trained length);
+    # "conv": a masked depthwise Conv1d over the embeddings, relative and length-free (CPVT-style).
+    positions: Literal["sinusoidal", "conv"] = "sinusoidal"
+    conv_kernel: int = 9
+    dropout: float = 0.1
+    num_classes: int = 5
+    attention: AttentionConfig = field(default_factory=lambda: AttentionConfig(num_landmarks=16))
+
+    def __post_init__(self) -> None:
+        _one_of("positions", self.positions, ("sinusoidal", "conv"))
+        _one_of("pooling", self.pooling, POOLINGS)
+        if self.passage_bytes < 1:
+            raise ValueError(f"passage_bytes must be at least 1, got {self.passage_bytes}")
+
+
+ModelConfig = ViTConfig | TextConfig
+
+
+def config_to_dict(cfg: ModelConfig) -> dict[str, Any]:
+    """Architecture dict for config.json ("model" + "attention" sections)."""
+    d = dataclasses.asdict(cfg)
+    d.pop("attention")
+    if "ngram_orders" in d:
+        d["ngram_orders"] = list(d["ngram_orders"])
+    return d
+
+
+def config_from_dict(model: dict[str, Any], attention: dict[str, Any]) -> ModelConfig:
+    """Inverse of `config_to_dict`; unknown keys are an error so stale configs fail loudly."""
+    arch = model.get("arch")
+    cls = {"vit": ViTConfig, "text": TextConfig}.get(arch)
+    if cls is None:
+        raise ValueError(f"unknown model arch {arch!r}; expected 'vit' or 'text'")
+    kw = dict(model)
+    if "ngram_orders" in kw:
+        kw["ngram_orders"] = tuple(kw["ngram_orders"])
+    return cls(**kw, attention=AttentionConfig(**attention))

@@ -1,0 +1,158 @@
+""" "Not mine": an out-of-distribution score computed in the served graph, and the serving wrapper that adds it
+(and the calibration temperature) to a trained model.
+
+The score is the Mahalanobis distance of the model's pooled feature vector to the nearest class mean under one
+shared covariance (Lee et al., 2018), fitted on training-set features: min_c (f - mu_c)^T S^-1 (f - mu_c),
+written as min_c ||(f - mu_c) W||^2 with W = S^-1/2, so the graph needs only a matmul and a reduction. Higher
+means less like the training data. The threshold that makes `in_distribution` true for 95% of holdout items
+is chosen on the holdout (`threshold_at`), never on a test split.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+SERVING_KEYS = ("serving.temperature", "serving.ood_means", "serving.ood_whiten")
+
+
+class MahalanobisScore(nn.Module):
+    """features [B, D] -> squared Mahalanobis distance to the nearest class mean [B] (float32)."""
+
+    def __init__(self, means: Tensor, whiten: Tensor) -> None:
+        super().__init__()
+        if means.ndim != 2 or whiten.shape != (means.shape[1], means.shape[1]):
+            raise ValueError(f"need means [C, D] and whiten [D, D], got {tuple(means.shape)}, {tuple(whiten.shape)}")
+        self.register_buffer("means", means.float())  # [C, D]
+        self.register_buffer("whiten", whiten.float())  # [D, D]
+
+    @classmethod
+    def fit(cls, features: Tensor, labels: Tensor, shrinkage: float = 0.05) -> MahalanobisScore:
+        """Class means and the pooled within-class covariance of features [N, D] (labels [N]), shrunk toward
+        its mean variance times I by `shrinkage` so that a few hundred items in 128 dimensions stay invertible."""
+        f = features.double()
+        classes = sorted(set(labels.tolist()))
+        means = torch.stack([f[labels == c].mean(0) for c in classes])  # [C, D]
+        centred = f - means[torch.tensor([classes.index(c) for c in labels.tolist()])]  # [N, D]
+        cov = centred.T @ centred / max(len(f) - len(classes), 1)  # [D, D]
+        d = cov.shape[0]
+        cov = (1 - shrinkage) * cov + shrinkage * cov.trace() / d * torch.eye(d, dtype=cov.dtype)
+        evals, evecs = torch.linalg.eigh(cov)
+        whiten = evecs @ torch.diag(evals.clamp_min(1e-12).rsqrt()) @ evecs.T  # S^-1/2, symmetric
+        return cls(means, whiten)
+
+    def forward(self, features: Tensor) -> Tensor:
+        z = (features.float()[:, None, :] - self.means[None]) @ self.whiten  # [B, C, D]
+        return (z * z).sum(-1).min(dim=1).values  # [B]
+
+
+def threshold_at(scores: Tensor, pass_rate: float = 0.95) -> float:
+    """The score at or below which `pass_rate` of these (in-distribution holdout) items fall."""
+    if not 0.0 < pass_rate <= 1.0 or len(scores) == 0:
+        raise ValueError(f"need pass_rate in (0, 1] and at least one score, got {pass_rate}, {len(scores)} scores")
+    return float(torch.quantile(scores.double(), pass_rate))
+
+
+def pooled_features(model: nn.Module, inputs: dict[str, Tensor]) -> Tensor:
+    """The vector the classifier head reads, [B, D], for a text encoder or a ViT."""
+    if "pixel_values" in inputs:
+        return model.forward_pooled(model.forward_features(inputs["pixel_values"]))
+    x = model.forward_features(inputs["input_ids"], inputs["attention_mask"])
+    return model.forward_pooled(x, inputs["attention_mask"])
+
+
+class ServingModel(nn.Module):
+    """A trained model as it is served: forward(**inputs) -> (logits / temperature [B, C], ood_score [B]).
+
+    State dict: the base model's tensors under their own names, plus SERVING_KEYS, so one safetensors file
+    holds both and `load_pretrained(..., serving=False)` still reads the base model alone."""
+
+    output_names = ("logits", "ood_score")
+
+    def __init__(
+        self,
+        model: nn.Module,
+        temperature: float,
+        ood: MahalanobisScore,
+        input_score: nn.Module | None = None,
+        scales: tuple[float, float, float] | None = None,
+    ) -> None:
+        super().__init__()
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        if (input_score is None) != (scales is None) or (
+            scales is not None and not (len(scales) == 3 and scales[0] > 0 and scales[1] > scales[2])
+        ):
+            raise ValueError(f"an input score needs scales (q_feature > 0, q_input > median_input), got {scales}")
+        self.model = model
+        self.cfg = model.cfg
+        self.register_buffer("temperature", torch.tensor(float(temperature)))
+        self.ood = ood
+        # Optional (lara_serve.model_export.models.ood_input): the served score is then
+        # m / q_m + max(0, (s - q_s) / (q_s - median_s)) with scales = (q_m, q_s, median_s): the feature score
+        # alone unless the input is less likely than 95% of the holdout's (research/ood_combination.py).
+        self.input_score = input_score
+        self.register_buffer("ood_scales", None if scales is None else torch.tensor([float(v) for v in scales]))
+
+    @staticmethod
+    def wrap(
+        model: nn.Module,
+        temperature: float,
+        ood: MahalanobisScore,
+        input_score: nn.Module | None = None,
+        scales: tuple[float, float, float] | None = None,
+    ) -> ServingModel:
+        """The serving model of a text encoder or a ViT (forward's argument names are the graph's inputs)."""
+        cls = ImageServingModel if hasattr(model.cfg, "image_size") else TextServingModel
+        return cls(model, temperature, ood, input_score, scales)
+
+    def serving_state(self) -> dict[str, Tensor]:
+        from lara_serve.model_export.models.ood_input import input_state
+
+        state = {
+            "serving.temperature": self.temperature.reshape(1),
+            "serving.ood_means": self.ood.means,
+            "serving.ood_whiten": self.ood.whiten,
+        }
+        if self.input_score is not None:
+            state.update(input_state(self.input_score))
+            state["serving.ood_scales"] = self.ood_scales
+        return state
+
+    @classmethod
+    def from_state(cls, model: nn.Module, state: dict[str, Tensor]) -> ServingModel:
+        from lara_serve.model_export.models.ood_input import input_from_state
+
+        ood = MahalanobisScore(state["serving.ood_means"], state["serving.ood_whiten"])
+        inp = input_from_state(state, bool(getattr(model.cfg, "case_fold", False)))
+        scales = None
+        if inp is not None:
+            if "serving.ood_scales" not in state:
+                raise ValueError("the serving head has an input score but no serving.ood_scales")
+            scales = tuple(float(v) for v in state["serving.ood_scales"])
+        return ServingModel.wrap(model, float(state["serving.temperature"].reshape(())), ood, inp, scales)  # type: ignore[arg-type]
+
+    def combine(self, feature_score: Tensor, input_score: Tensor | None) -> Tensor:
+        if input_score is None or self.ood_scales is None:
+            return feature_score
+        q_m, q_s, med_s = self.ood_scales[0], self.ood_scales[1], self.ood_scales[2]
+        return feature_score / q_m + torch.relu((input_score - q_s) / (q_s - med_s))
+
+
+class TextServingModel(ServingModel):
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+        x = self.model.forward_features(input_ids, attention_mask)  # [B, N, D]
+        logits, pooled = self.model.forward_readout(x, attention_mask)  # [B, C], [B, D]
+        if getattr(self.model, "tfidf", None) is not None:
+            logits = logits + self.model.forward_wide(input_ids, attention_mask)
+        feature = self.ood(pooled)
+        inp = None if self.input_score is None else self.input_score(input_ids, attention_mask)
+        return logits / self.temperature, self.combine(feature, inp)
+
+
+class ImageServingModel(ServingModel):
+    def forward(self, pixel_values: Tensor) -> tuple[Tensor, Tensor]:
+        x = self.model.forward_features(pixel_values)  # [B, N, D]
+        feature = self.ood(self.model.forward_pooled(x))
+        inp = None if self.input_score is None else self.input_score(pixel_values)
+        return self.model.forward_head(x) / self.temperature, self.combine(feature, inp)

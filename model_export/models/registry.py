@@ -1,0 +1,137 @@
+"""A small registry of named model configurations and `create_model(name, **overrides)`."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from torch import nn
+
+from lara_serve.model_export.models.config import AttentionConfig, ModelConfig, TextConfig, ViTConfig
+from lara_serve.model_export.models.text import TextEncoder
+from lara_serve.model_export.models.vit import ViT
+
+FASHION_LABELS = [
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+]
+NEWS_LABELS = ["business", "entertainment", "politics", "sport", "tech"]
+GENRE_LABELS = ["press", "general", "learned", "fiction"]  # lara_serve.model_export.training.brown.GENRES
+
+_REGISTRY: dict[str, ModelConfig] = {
+    "lara-vit-fashion": ViTConfig(
+        patch_size=2,
+        stem_channels=32,
+        stem_layers=2,
+        stem_grid_layers=2,
+        mlp_dwconv=True,
+        dim=64,
+        depth=2,
+        heads=2,
+        mlp_ratio=2.0,
+        attention=AttentionConfig(kind="lara", num_landmarks=49),
+    ),
+    # Convolutional (relative) positions + mixed-length training: accuracy holds from 1 KB to 64 KB.
+    "lara-text-news": TextConfig(
+        max_length=65536,
+        dim=128,
+        depth=2,
+        heads=4,
+        ngram_buckets=16381,
+        positions="conv",
+        dropout=0.1,
+        attention=AttentionConfig(kind="lara", num_landmarks=16),
+    ),
+    # Brown corpus genres: 12-15 KB documents served whole.
+    "lara-text-genre": TextConfig(
+        max_length=65536,
+        dim=128,
+        depth=2,
+        heads=4,
+        ngram_buckets=16381,
+        positions="conv",
+        dropout=0.2,
+        num_classes=4,
+        attention=AttentionConfig(kind="lara", num_landmarks=16),
+    ),
+    # Tiny configurations for tests and smoke runs.
+    "tiny-vit": ViTConfig(
+        patch_size=2,
+        stem_channels=8,
+        stem_layers=1,
+        dim=16,
+        depth=1,
+        heads=2,
+        mlp_ratio=1.0,
+        attention=AttentionConfig(kind="lara", num_landmarks=49),
+    ),
+    "tiny-text": TextConfig(
+        max_length=8192,
+        dim=16,
+        depth=1,
+        heads=2,
+        mlp_ratio=1.0,
+        ngram_buckets=97,
+        positions="conv",
+        conv_kernel=3,
+        dropout=0.0,
+        attention=AttentionConfig(kind="lara", num_landmarks=4),
+    ),
+}
+
+LABELS = {
+    "lara-vit-fashion": FASHION_LABELS,
+    "lara-text-news": NEWS_LABELS,
+    "lara-text-genre": GENRE_LABELS,
+    "tiny-vit": FASHION_LABELS,
+    "tiny-text": NEWS_LABELS,
+}
+
+
+def list_models() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get_config(name: str, **overrides: Any) -> ModelConfig:
+    """Registered config with overrides; `attention="softmax"` (a kind) or an AttentionConfig/dict."""
+    if name not in _REGISTRY:
+        raise KeyError(f"unknown model {name!r}; registered: {list_models()}")
+    cfg = _REGISTRY[name]
+    att = overrides.pop("attention", None)
+    if isinstance(att, str):
+        att = dataclasses.replace(cfg.attention, kind=att)
+    elif isinstance(att, dict):
+        att = dataclasses.replace(cfg.attention, **att)
+    if att is not None:
+        overrides["attention"] = att
+    return dataclasses.replace(cfg, **overrides)
+
+
+def build_model(cfg: ModelConfig, seed: int = 0) -> nn.Module:
+    if isinstance(cfg, ViTConfig):
+        return ViT(cfg, seed=seed)
+    if isinstance(cfg, TextConfig):
+        return TextEncoder(cfg, seed=seed)
+    raise TypeError(f"no model class for config {type(cfg).__name__}")
+
+
+def create_model(name: str, seed: int = 0, **overrides: Any) -> nn.Module:
+    """Build a registered model, e.g. create_model("lara-vit-fashion", attention="performer", depth=2)."""
+    return build_model(get_config(name, **overrides), seed=seed)
+
+
+DATASETS = {
+    "lara-vit-fashion": "fashion",
+    "lara-text-news": "news",
+    "lara-text-genre": "brown",
+    "tiny-vit": "fashion",
+    "tiny-text": "news",
+}

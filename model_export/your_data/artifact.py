@@ -1,0 +1,175 @@
+"""The model folder of a `lara train` run: calibration, test metrics, baseline, config.json, ONNX, report.
+
+Written into a staging folder that the caller moves into place once everything here has succeeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from lara_serve.model_export.export.exporter import export_model_dir
+from lara_serve.model_export.head.finalize import holdout_temperature, serving_sections
+from lara_serve.model_export.models.config import TextConfig
+from lara_serve.model_export.models.hub import VERSION, WEIGHTS, make_config_dict, save_pretrained
+from lara_serve.model_export.models.ood import ServingModel
+from lara_serve.model_export.your_data.fit import FitState
+from lara_serve.model_export.your_data.report import (
+    accuracy_by_length,
+    classification_metrics,
+    reliability,
+    softmax,
+    write_report,
+)
+
+SHIPPED = Path(__file__).resolve().parents[2] / "model_repository"
+
+
+def init_record(init: Path | None) -> str:
+    """How config.json names the weights a run started from: "none", a shipped model by its name (an
+    absolute path would name this machine's checkout), or the folder as the user gave it."""
+    if init is None:
+        return "none"
+    if init.resolve().parent == SHIPPED:
+        return init.name
+    return str(init)
+
+
+def serving_head(model: torch.nn.Module, prep: Any) -> tuple[ServingModel, dict[str, Any], dict[str, Any], Any]:
+    """The shipped models' serving head (lara_serve.model_export.head.finalize) for this run: a temperature fitted on the
+    holdout, a Mahalanobis out-of-distribution score fitted on training features combined with an input-space
+    score fitted on the training inputs (lara_serve.model_export.models.ood_input), with the threshold that passes 95% of the
+    holdout. Returns (serving model, calibration section, ood section, test outputs)."""
+    val = prep.outputs(model, "holdout")
+    temperature, note = holdout_temperature(val[0], val[2])
+    train, test = prep.outputs(model, "train"), prep.outputs(model, "test")
+    heads = ", documents whole and first 512 / 2,048 bytes" if prep.data.task == "text" else ""
+    input_score, scores = None, None
+    if prep.input_scores is not None:  # None: the feature score alone
+        input_score, s_val, s_test = prep.input_scores()
+        scores = (s_val, s_test)
+    ood, calibration, ood_section = serving_sections(val, train, test, temperature, heads, note, scores)
+    z_test = test[0]
+    scales = tuple(ood_section["scales"]) if input_score is not None else None
+    serving = ServingModel.wrap(model, temperature, ood, input_score, scales)
+    return serving.eval(), calibration, ood_section, z_test
+
+
+def finish(args: argparse.Namespace, prep: Any, state: FitState, stage: Path) -> dict[str, Any]:
+    """Fit the serving head, evaluate, export and report into `stage`; returns config.json's "metrics"."""
+    model = prep.model.eval()
+    serving, calibration, ood_section, z_test = serving_head(model, prep)
+    raw = z_test.double().numpy()
+    probs = softmax(raw / serving.temperature.item())
+    lara = classification_metrics(probs, prep.test_y, prep.names)
+    calibration_report = {
+        **calibration,
+        "reliability_uncalibrated": reliability(softmax(raw), prep.test_y),
+        "reliability": reliability(probs, prep.test_y),
+    }
+    baseline = None
+    if not args.no_baseline:
+        bprobs, bname, bsecs = prep.baseline(state.train_time_s)
+        baseline = {
+            "name": bname,
+            "fit_time_s": round(bsecs, 1),
+            **classification_metrics(bprobs, prep.test_y, prep.names),
+        }
+    by_length = None
+    if prep.data.task == "text":
+        lengths = [len(r) for r in prep.test_texts]
+        by_length = {"lara": accuracy_by_length(probs, prep.test_y, lengths)}
+        if baseline is not None:
+            by_length["baseline"] = accuracy_by_length(bprobs, prep.test_y, lengths)
+    split = prep.split.record(prep.data, prep.test, seed=args.seed, test_fraction=None if args.test else
+                              args.test_fraction, holdout_fraction=args.holdout_fraction)  # fmt: skip
+    how = (f"--test {args.test}" if args.test else
+           f"stratified {args.test_fraction:g} of the data, seed {args.seed}")  # fmt: skip
+    metrics = {
+        "test_accuracy": lara["accuracy"],
+        "test_macro_f1": lara["macro_f1"],
+        "test_ece": lara["ece"],
+        "n_test": lara["n"],
+        "baseline_accuracy": baseline["accuracy"] if baseline else None,
+        "holdout_accuracy": state.history[-1]["holdout_acc"] if state.history else None,
+        "train_time_s": round(state.train_time_s, 1),
+        "epochs": state.epoch,
+        "steps": state.step,
+        "history": state.history,
+    }
+    if prep.parts is not None:
+        metrics["parts"] = prep.parts
+    conf = make_config_dict(
+        args.out.name,
+        prep.cfg,
+        prep.names,
+        seed=args.seed,
+        data={
+            "source": str(prep.data.source),
+            "task": prep.data.task,
+            "examples": len(prep.data),
+            "text_field": args.text_field,
+            "label_field": args.label_field,
+        },  # fmt: skip
+        split={"how": how, "seed": args.seed, "counts": split["counts"], "file": "split.json"},
+        training={
+            **prep.hp,
+            "init": init_record(prep.init),
+            "epochs": args.epochs,
+            "time_budget_min": args.time_budget,
+            "clock": args.clock,
+            "threads": torch.get_num_threads(),
+            "schedule": "warmup+cosine",
+            "command": command_line(args),
+        },  # fmt: skip
+        metrics=metrics,
+        calibration=calibration,
+        ood=ood_section,
+    )
+    conf["outputs"] = [*conf["outputs"], {"name": "ood_score", "datatype": "FP32", "shape": [-1]}]
+    save_pretrained(model, conf, stage)
+    weights = stage / VERSION / WEIGHTS
+    save_file({**load_file(str(weights)), **serving.serving_state()}, str(weights), metadata={"format": "pt"})
+    max_length = prep.cfg.max_length if isinstance(prep.cfg, TextConfig) else None
+    export_model_dir(stage, max_length=max_length)
+    (stage / "split.json").write_text(json.dumps(split, indent=2) + "\n")
+    report = {
+        "name": args.out.name,
+        "task": prep.data.task,
+        "data": str(prep.data.source),
+        "model": prep.hp["arch"],
+        "split": {"how": how, **split["counts"]},
+        "lara": lara,
+        "baseline": baseline,
+        "calibration": calibration_report,
+        "ood": ood_section,
+        "accuracy_by_length": by_length,
+        "parts": prep.parts,
+        # per test example, in split.json's test order: true and predicted label indices (paired comparisons)
+        "predictions": {
+            "true": prep.test_y.tolist(),
+            "lara": probs.argmax(-1).tolist(),
+            "baseline": bprobs.argmax(-1).tolist() if baseline else None,
+        },
+        "training": {"epochs": state.epoch, "train_time_s": state.train_time_s, "history": state.history},
+    }
+    write_report(stage, report, prep.names)
+    return metrics
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The run as a `lara train` line (recorded in config.json)."""
+    words = ["lara", "train", str(args.data)]
+    for k, v in vars(args).items():
+        if k in ("data", "api_key") or v in (None, False):
+            continue
+        words.append(f"--{k.replace('_', '-')}")
+        if v is not True:
+            words.append(str(v))
+    return shlex.join(words)

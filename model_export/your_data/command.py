@@ -1,0 +1,437 @@
+"""`lara train DATA --out DIR`: the user's labelled texts or images to a served, calibrated LARA model.
+
+    lara train tickets.jsonl --out model_repository/tickets            # 15 minutes, then serve it
+    lara train photos/ --out model_repository/photos --epochs 10 --image-size 32
+
+Steps: read and check the data (lara_serve.model_export.your_data.loader), split it, build the model (text: the shipped
+text encoder's weights with a new head; images: the shipped ViT architecture), train (lara_serve.model_export.your_data.fit),
+text: fit the wide path (hashed word 1-2-gram tf-idf logistic regression inside the graph, lara_serve.model_export.your_data.wide)
+before the encoder trains and blend the two on the holdout; fit the serving head (calibration temperature,
+ood score; lara_serve.model_export.head.finalize), export ONNX with the fused LaraAttention node
+(lara_serve.model_export.export.exporter), score the test set and a plain baseline, write the report (lara_serve.model_export.your_data.report).
+
+Everything is built in a work folder beside DIR (.<name>.lara-train/) and moved into DIR only when all of
+it is done, so a failed or interrupted run leaves DIR as it was. The work folder keeps the checkpoint that
+`--resume` continues from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from lara_serve.model_export.head.finalize import TEXT_HEADS, task_outputs, text_outputs
+from lara_serve.model_export.models.config import POOLINGS, TextConfig, config_from_dict
+from lara_serve.model_export.models.ood_input import image_input_scores, text_input_scores
+from lara_serve.model_export.models.registry import build_model, get_config
+from lara_serve.model_export.training.data import pad_batch
+from lara_serve.model_export.training.long_docs import LengthMixTask, length_groups, to_ids
+from lara_serve.model_export.training.tasks import ImageTask
+from lara_serve.model_export.training.train import DEFAULTS
+from lara_serve.model_export.your_data import dist as userdist
+from lara_serve.model_export.your_data import loader as ud
+from lara_serve.model_export.your_data import recipe as recipe
+from lara_serve.model_export.your_data import wide as userwide
+from lara_serve.model_export.your_data.artifact import SHIPPED, finish
+from lara_serve.model_export.your_data.baseline import IMAGE_BASELINE, TEXT_BASELINE, image_baseline, text_baseline
+from lara_serve.model_export.your_data.fit import (
+    BudgetTooSmall,
+    FitSettings,
+    ResumeError,
+    TrainingStopped,
+    clock_fn,
+    fit,
+)
+
+DEFAULT_ARCH = {"text": "lara-text-news", "image": "lara-vit-fashion"}
+DEFAULT_INIT = {"text": "lara-text-news", "image": "none"}
+DEFAULT_BUDGET_MIN = 15.0
+MAX_DEFAULT_IMAGE = 64  # default --image-size is the data's most common side, at most this
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("data", type=Path, help="a .jsonl/.csv/.tsv file, or a folder with one subfolder per label")
+    p.add_argument("--out", type=Path, required=True, help="the model folder to write (inside a model repository)")
+    p.add_argument("--task", choices=["text", "image"], default=None, help="default: inferred from DATA")
+    p.add_argument("--text-field", default="text")
+    p.add_argument("--label-field", default="label")
+    p.add_argument("--test", type=Path, default=None, help="a test file/folder (else a stratified split of DATA)")
+    p.add_argument("--test-fraction", type=float, default=0.2)
+    p.add_argument("--holdout-fraction", type=float, default=0.1, help="of train: per-epoch validation, calibration")
+    p.add_argument("--init", default=None, help="none | a shipped model NAME | a model DIR (default: text "
+                   "lara-text-news, images none); tensors whose name and shape fit are copied, the head is new")  # fmt: skip
+    p.add_argument("--arch", default=None, help="registered architecture (default: that of --init, else "
+                   "lara-text-news / lara-vit-fashion)")  # fmt: skip
+    p.add_argument("--max-length", type=int, default=None, help="text: longest document served, bytes")
+    p.add_argument("--image-size", type=int, default=None, help="images: side after resizing (default: the data's)")
+    p.add_argument("--time-budget", type=float, default=None, metavar="MINUTES",
+                   help=f"training time; the schedule fits it (default {DEFAULT_BUDGET_MIN:g} unless --epochs)")  # fmt: skip
+    p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                   help="what --time-budget counts: wall-clock seconds, or this process's CPU seconds (the same "
+                   "training however busy the machine is; the image baseline gets the same)")  # fmt: skip
+    p.add_argument("--epochs", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=None, help="images: examples per step (text batches by tokens)")
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--no-augment", action="store_true", help="no augmentation: text, no casing / whitespace / "
+                   "markup / typo noise and no unrelated filler (lara_serve.model_export.training.augment); images, no crop / flip")  # fmt: skip
+    p.add_argument("--no-case-fold", action="store_true", help="text: keep letter case (default: folded in the graph)")
+    p.add_argument("--pooling", choices=POOLINGS, default=recipe.POOLING, help="text: how the encoder "
+                   "reads a document out: attention (learned token weights), passages (each 512-byte passage "
+                   "scored, log-mean-exp over them: filler cannot dilute it), mean")  # fmt: skip
+    p.add_argument("--no-wide", action="store_true", help="text: the encoder alone, without the wide path (hashed "
+                   "word 1-2-gram tf-idf + logistic regression, fitted first and blended on the holdout)")  # fmt: skip
+    p.add_argument("--no-baseline", action="store_true", help="skip the plain baseline")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resume", action="store_true", help="continue from the checkpoint of an interrupted run")
+    p.add_argument("--overwrite", action="store_true", help="replace a model already in DIR")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--json-lines", action="store_true", help="progress as JSON lines on stdout")
+    p.add_argument("--load-into", default=None, metavar="URL", help="then load it into the server at URL")
+    p.add_argument("--api-key", default=None, help="for --load-into")
+
+
+class UsageError(ValueError):
+    """A bad option or output folder; the message says what to do."""
+
+
+def check_out(out: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file; give a folder")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        what = "a model" if (out / "config.json").exists() or (out / "1").exists() else "files"
+        raise UsageError(f"--out {out} already holds {what}; pass --overwrite to replace it, or choose another folder")
+
+
+def _resolve_init(init: str) -> Path | None:
+    if init == "none":
+        return None
+    for candidate in (Path(init), SHIPPED / init):
+        if (candidate / "config.json").is_file():
+            return candidate
+    raise UsageError(f"--init {init}: no model folder {init} nor {SHIPPED / init}; use none, a shipped name or a DIR")
+
+
+def build(args: argparse.Namespace, task: str, labels: list[str], image: tuple[int, int, float, float] | None):
+    """(model, cfg, init path, init record): the architecture, resized for the labels and the data (text: with
+    the robust recipe's pooling and case folding, lara_serve.model_export.your_data.recipe), with --init's weights."""
+    init = _resolve_init(args.init or DEFAULT_INIT[task])
+    if args.arch:
+        cfg = get_config(args.arch)
+    elif init is not None:
+        conf = json.loads((init / "config.json").read_text())
+        cfg = config_from_dict(conf["model"], conf["attention"])
+    else:
+        cfg = get_config(DEFAULT_ARCH[task])
+    if isinstance(cfg, TextConfig) != (task == "text"):
+        raise UsageError(f"the architecture ({cfg.arch}) does not fit {task} data; choose --arch / --init")
+    if isinstance(cfg, TextConfig):
+        cfg = dataclasses.replace(cfg, num_classes=len(labels), max_length=args.max_length or cfg.max_length)
+        cfg = recipe.text_config(cfg, case_fold=not args.no_case_fold, pooling=args.pooling)
+        wide = 0 if args.no_wide else userwide.wide_buckets(len(labels))
+        cfg = dataclasses.replace(cfg, tfidf_buckets=wide, tfidf_utf8=bool(wide))
+    else:
+        size, chans, mean, std = image  # type: ignore[misc]
+        cfg = dataclasses.replace(cfg, num_classes=len(labels), image_size=size, in_chans=chans, mean=mean, std=std)
+    torch.manual_seed(args.seed)
+    model = build_model(cfg, seed=args.seed)
+    taken = None
+    if init is not None:
+        from safetensors.torch import load_file
+
+        taken = recipe.copy_matching(model, load_file(str(init / "1" / "model.safetensors")))
+    return model, cfg, init, taken
+
+
+def _text_logits(model: nn.Module, raws: list[bytes], max_length: int) -> np.ndarray:
+    """Logits [N, C] of whole documents (cut at max_length, as the server's head truncation), in input order."""
+    model.eval()
+    cut = [r[:max_length] for r in raws]
+    out = np.zeros((len(raws), model.cfg.num_classes), dtype=np.float32)
+    with torch.inference_mode():
+        for idx in length_groups(cut, 8):
+            ids, mask = pad_batch([to_ids(cut[i]) for i in idx])
+            out[idx] = model(input_ids=ids, attention_mask=mask).numpy()
+    return out
+
+
+def _image_logits(model: nn.Module, task: ImageTask) -> np.ndarray:
+    model.eval()
+    with torch.inference_mode():
+        return torch.cat([model(**x) for x, _ in task.eval_batches(256)]).numpy()
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    for name in ("time_budget", "epochs", "max_length", "image_size", "batch_size", "threads"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    if args.image_size is not None and args.image_size < 4:
+        raise UsageError(f"--image-size must be at least 4, got {args.image_size}")
+    if args.epochs is None and args.time_budget is None:
+        args.time_budget = DEFAULT_BUDGET_MIN
+
+
+@dataclasses.dataclass
+class Prepared:
+    """The data, split and model of a run, ready for training."""
+
+    data: ud.UserData
+    test: ud.UserData
+    split: ud.Split
+    names: list[str]
+    model: nn.Module
+    cfg: Any
+    init: Path | None
+    train_task: Any
+    holdout_logits: Any  # (model) -> logits [n_holdout, C]
+    holdout_y: np.ndarray
+    test_y: np.ndarray
+    hp: dict[str, Any]
+    baseline: Any  # (seconds LARA trained) -> (test probabilities, baseline name, fit seconds)
+    outputs: Any  # (model, "train" | "holdout" | "test") -> (logits [N, C], pooled features [N, D], labels [N])
+    test_texts: list[bytes]  # text: the test documents (accuracy vs length)
+    input_scores: Any = None  # () -> (input-space ood score fitted on train, its holdout values, its test values)
+    wide: userwide.WideData | None = (
+        None  # text with the wide path: its documents (lara_serve.model_export.your_data.wide)
+    )
+    parts: dict[str, Any] | None = None  # after training: the wide path's blend and each part alone
+
+
+def prepare(args: argparse.Namespace) -> Prepared:
+    """Read and check everything (data, labels, split, architecture) before any file is written."""
+    data = ud.load_data(args.data, args.task, args.text_field, args.label_field)
+    ud.check_labels(data)
+    names = data.label_names()
+    test = data
+    if args.test is not None:
+        test = ud.load_data(args.test, data.task, args.text_field, args.label_field)
+        ud.check_test_labels(test, names)
+    split = ud.make_split(data, args.test_fraction, args.holdout_fraction, args.seed, args.test is not None)
+    test_idx = split.test if args.test is None else list(range(len(test)))
+    if not test_idx:
+        raise ud.DataError(f"{data.source}: no test examples; give each label at least 2 examples or pass --test")
+    code = {label: i for i, label in enumerate(names)}
+    y_all = np.array([code[v] for v in data.labels])
+    test_y = np.array([code[test.labels[i]] for i in test_idx])
+    hold_y = y_all[split.holdout]
+    y_train = torch.from_numpy(y_all[split.train])
+    if data.task == "text":
+        model, cfg, init, taken = build(args, "text", names, None)
+        mix = recipe.length_mix(cfg.max_length)
+        train_task: Any = LengthMixTask([data.texts[i] for i in split.train], y_train, cfg.max_length, **mix)
+        aug = recipe.text_augment(cfg.max_length, enabled=not args.no_augment)
+        train_task.text_augment = None if aug is None else recipe.capped(aug, cfg.max_length)
+        hold_raws, test_raws = [data.texts[i] for i in split.holdout], [test.texts[i] for i in test_idx]
+        hold_fn = lambda m: _text_logits(m, hold_raws, cfg.max_length)  # noqa: E731
+        hp = {**DEFAULTS["news"], "length_mix": mix, "recipe": recipe.recipe_line(cfg.pooling), "augment": not args.no_augment,
+              "text_augment": recipe.augment_record(aug)}  # fmt: skip
+        # The out-of-distribution fit reads training documents whole and as heads (what head-truncating
+        # clients send), as lara_serve.model_export.head.finalize does for the shipped models.
+        train_raws = [data.texts[i][: cfg.max_length] for i in split.train]
+        parts = {
+            "train": ([r[:n] for n in (None, *TEXT_HEADS) for r in train_raws], y_all[split.train].tolist() * 3),
+            "holdout": ([r[: cfg.max_length] for r in hold_raws], hold_y.tolist()),
+            "test": ([r[: cfg.max_length] for r in test_raws], test_y.tolist()),
+        }
+
+        def outputs(m: nn.Module, part: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            z, f = text_outputs(m.eval(), parts[part][0])
+            return z, f, torch.tensor(parts[part][1])
+
+        train_texts, train_y = [data.texts[i] for i in split.train], y_all[split.train].tolist()
+        input_scores = lambda: text_input_scores(train_raws, parts["holdout"][0], parts["test"][0],  # noqa: E731
+                                                 bool(cfg.case_fold))  # fmt: skip
+
+        wide = None
+        if cfg.tfidf_buckets:
+            wide = userwide.WideData(train_raws, y_all[split.train].tolist(), parts["holdout"][0], hold_y.tolist(),
+                                     parts["test"][0], test_y.tolist())  # fmt: skip
+
+        def baseline(secs: float) -> tuple[np.ndarray, str, float]:
+            del secs  # a linear model fits in seconds: no time to match
+            probs, fit_s = text_baseline(train_texts, train_y, test_raws)
+            return probs, TEXT_BASELINE, fit_s
+    else:
+        side, chans = ud.image_shape([data.images[i] for i in split.train])
+        size = args.image_size or min(MAX_DEFAULT_IMAGE, side + side % 2)
+        images = ud.read_images(data.images, size, chans)
+        test_images = images if args.test is None else ud.read_images(test.images, size, chans)
+        pixels = images[split.train].float() / 255.0
+        mean, std = round(float(pixels.mean()), 4), round(max(float(pixels.std()), 1e-3), 4)
+        model, cfg, init, taken = build(args, "image", names, (size, chans, mean, std))
+        hp = {**DEFAULTS["fashion"], "augment": not args.no_augment}
+        hp["batch_size"] = args.batch_size or min(hp["batch_size"], max(2, len(split.train) // 4))
+        train_task = ImageTask(images[split.train], y_train, mean, std, augment=not args.no_augment)
+        hold_task = ImageTask(images[split.holdout], torch.from_numpy(hold_y), mean, std, augment=False)
+        test_task = ImageTask(test_images[test_idx], torch.from_numpy(test_y), mean, std, augment=False)
+        hold_fn = lambda m: _image_logits(m, hold_task)  # noqa: E731
+        test_raws = []
+        parts = {"train": ImageTask(images[split.train], y_train, mean, std, augment=False),
+                 "holdout": hold_task, "test": test_task}  # fmt: skip
+
+        def outputs(m: nn.Module, part: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            return task_outputs(m.eval(), parts[part])
+
+        input_scores = lambda: image_input_scores(parts["train"], hold_task, test_task)  # noqa: E731
+        wide = None
+
+        def baseline(secs: float) -> tuple[np.ndarray, str, float]:
+            probs, fit_s = image_baseline(train_task, test_task, len(names), secs, args.seed, args.clock)
+            return probs, IMAGE_BASELINE, fit_s
+
+    if args.lr is not None:
+        hp["lr"] = args.lr
+    hp["arch"] = args.arch or (init.name if init is not None else DEFAULT_ARCH[data.task])
+    hp["init_tensors"] = taken
+    return Prepared(
+        data,
+        test,
+        split,
+        names,
+        model,
+        cfg,
+        init,
+        train_task,
+        hold_fn,
+        hold_y,
+        test_y,
+        hp,
+        baseline,
+        outputs,
+        test_raws,
+        input_scores,
+        wide,
+    )
+
+
+def _fit_settings(args: argparse.Namespace, hp: dict[str, Any]) -> FitSettings:
+    return FitSettings(
+        lr=hp["lr"],
+        weight_decay=hp["weight_decay"],
+        label_smoothing=hp["label_smoothing"],
+        batch_size=hp["batch_size"],
+        epochs=args.epochs,
+        time_budget_s=None if args.time_budget is None else args.time_budget * 60.0,
+        seed=args.seed,
+        clock=args.clock,
+    )
+
+
+def _fit_wide(prep: Prepared, settings: FitSettings) -> tuple[Any, FitSettings]:
+    """Fit the wide path (taken out of the model while the encoder trains); its time, on the run's clock,
+    comes out of the time budget. Returns ((head, fit), the encoder's settings)."""
+    timer = clock_fn(settings.clock)
+    t0 = timer()
+    head, wide_fit = userwide.detach_and_fit(prep.model, prep.wide)  # type: ignore[arg-type]
+    spent = timer() - t0
+    prep.hp["wide_fit_s"] = round(spent, 2)
+    return (head, wide_fit), dataclasses.replace(settings, spent_s=spent)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """The whole pipeline; returns config.json's "metrics". Raises DataError, UsageError, BudgetTooSmall,
+    TrainingStopped with messages meant for the user."""
+    _check_options(args)
+    check_out(args.out, args.overwrite)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    group = userdist.setup()  # one process, or this one's place under torchrun
+    prep = prepare(args)
+    progress = "quiet" if args.quiet else "json" if args.json_lines else "bar"
+    work = args.out.parent / f".{args.out.name}.lara-train"
+    settings = _fit_settings(args, prep.hp)
+    meta = {
+        "data_sha256": ud.fingerprint(prep.data.source),
+        "test_sha256": ud.fingerprint(prep.test.source),
+        "split": prep.split.record(prep.data, prep.test)["ids"],
+        "config": dataclasses.asdict(prep.cfg),
+        "init": str(prep.init),
+        "fit": dataclasses.asdict(settings),
+        "augment": prep.hp["augment"],
+    }
+    if group.main:
+        work.mkdir(parents=True, exist_ok=True)
+    wide = None
+    if prep.wide is not None:
+        wide, settings = _fit_wide(prep, settings)
+    try:
+        state = fit(prep.model, prep.train_task,
+                    lambda m: float((prep.holdout_logits(m).argmax(1) == prep.holdout_y).mean()),
+                    settings, work / "ckpt", meta, resume=args.resume, progress=progress, group=group)  # fmt: skip
+    except TrainingStopped:
+        raise
+    except BaseException:
+        if group.main and not (work / "ckpt").exists():  # nothing to resume from: leave no trace
+            shutil.rmtree(work, ignore_errors=True)
+        raise
+    finally:
+        userdist.teardown(group)
+    if not group.main:
+        return {}  # process 0 writes the model folder
+    if wide is not None:
+        deep = lambda m, docs: _text_logits(m, docs, prep.cfg.max_length)  # noqa: E731
+        prep.parts = userwide.attach(prep.model, *wide, prep.wide, deep)
+    stage = work / "stage"
+    shutil.rmtree(stage, ignore_errors=True)
+    metrics = finish(args, prep, state, stage)
+    if args.out.exists():
+        shutil.rmtree(args.out)  # check_out allowed it: --overwrite, or an empty folder
+    stage.rename(args.out)
+    shutil.rmtree(work)
+    return metrics
+
+
+Loader = Callable[[str, str, "str | None"], str]  # (url, model name, api key) -> what happened
+
+
+def main(argv: list[str] | None = None, load: Loader | None = None) -> int:
+    """`lara train ...`: 0 on success, 2 for bad data or options, 130 after Ctrl-C (checkpoint saved).
+    `load` adds the model to a running server (--load-into); the CLI passes the client's."""
+    parser = argparse.ArgumentParser(
+        prog="lara train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    if args.load_into and load is None:
+        parser.error("--load-into needs the lara client (run it as `lara train`)")
+    try:
+        metrics = run(args)
+    except (ud.DataError, UsageError, BudgetTooSmall, ResumeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except TrainingStopped as exc:
+        print(f"{exc}; rerun the same command with --resume to continue", file=sys.stderr)
+        return 130
+    if not metrics:
+        return 0  # not process 0 of a torchrun group: it reported nothing and wrote nothing
+    done = {"event": "done", "out": str(args.out), **{k: v for k, v in metrics.items() if k != "history"}}
+    if args.json_lines:
+        print(json.dumps(done), flush=True)
+    elif not args.quiet:
+        base = metrics["baseline_accuracy"]
+        print(
+            f"wrote {args.out}: test accuracy {metrics['test_accuracy']:.4f}, macro-F1 {metrics['test_macro_f1']:.4f}"
+            + (f" (baseline {base:.4f})" if base is not None else "")
+            + f"; report: {args.out / 'report.md'}"
+        )
+    if args.load_into:
+        try:
+            message = load(args.load_into, args.out.name, args.api_key)  # type: ignore[misc]
+        except Exception as exc:  # the client's errors carry the server's message
+            print(f"error: the model is in {args.out} but loading it into {args.load_into} failed: {exc}",
+                  file=sys.stderr)  # fmt: skip
+            return 1
+        if not args.quiet:
+            print(message)
+    return 0

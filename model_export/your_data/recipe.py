@@ -1,0 +1,96 @@
+"""The robust text recipe of `lara train`, as the shipped lara-text-news was trained (its config.json's
+"model" and "training" sections): case folding in the graph, a filler-resistant readout (attention pooling,
+or --pooling passages as the shipped model reads now), and label-preserving noise
+plus unrelated filler on every training window (lara_serve.model_export.training.augment.TextAugment).
+
+A user's documents reach the server in shapes the training file rarely shows: upper-cased, re-wrapped,
+saved from a web page, with typos, inside a signature, a quoted thread or a licence. A model trained on
+clean text only reads such wrapping as content; this recipe trains on it. `--no-augment` turns the
+augmentation off (the architecture stays); `--no-case-fold` keeps letter case as a signal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+from lara_serve.model_export.models.config import TextConfig
+from lara_serve.model_export.training.augment import TextAugment
+from lara_serve.model_export.training.train import LENGTH_MIX
+
+# The encoder's side of the recipe: fixed by the architecture, so the exported graph carries it.
+# --pooling chooses the readout (lara_serve.model_export.models.config.TextConfig.pooling); passages take the shipped
+# lara-text-news model's passage_bytes (512) unless --init's model says otherwise.
+POOLING = "attention"
+
+
+def recipe_line(pooling: str = POOLING) -> str:
+    """config.json's training.recipe: what the robust recipe did to this model."""
+    return (
+        f"robust text (lara_serve.model_export.your_data.recipe): {pooling} pooling, case folding unless --no-case-fold, "
+        "TextAugment on every training window unless --no-augment"
+    )
+
+
+RECIPE = recipe_line()
+
+
+def length_mix(max_length: int) -> dict[str, Any]:
+    """The shipped news recipe's windows (lara_serve.model_export.training.long_docs.LengthMixTask: 256 B-8 KB log-uniform, same-label
+    composites of 4-16 KB for 15% of the examples, head-anchored windows half the time, 24 K tokens a batch),
+    every length capped at the model's max_length: no training input is longer than a served one may be.
+    Unlike the shipped run, a batch holds at least 2 examples (a long window gets a partner past the token
+    budget), so `torchrun --nproc_per_node 2` gives both processes work every step."""
+    mix = {**LENGTH_MIX["news"], "head_prob": 0.5, "composite_min": 4096, "composite_max": 16384, "min_examples": 2}
+    for key in ("max_length", "min_length", "composite_max", "composite_min"):
+        mix[key] = min(mix[key], max_length)
+    return mix
+
+
+def text_config(cfg: TextConfig, case_fold: bool = True, pooling: str = POOLING) -> TextConfig:
+    """`cfg` with the recipe's pooling and case folding (whatever the --init model or --arch had)."""
+    return dataclasses.replace(cfg, pooling=pooling, case_fold=case_fold)
+
+
+def text_augment(max_length: int, enabled: bool = True) -> TextAugment | None:
+    """The shipped news recipe's augmentation (TextAugment's defaults), the augmented window capped at the
+    model's max_length: filler never makes a training input longer than a served one may be."""
+    if not enabled:
+        return None
+    return TextAugment(max_total=min(TextAugment.max_total, max_length))
+
+
+def capped(aug: TextAugment, max_length: int) -> Callable[[bytes, random.Random], bytes]:
+    """`aug` then a cut at max_length bytes (the head kept, as the server's truncation keeps it): case and
+    whitespace changes and markup can lengthen a window that was already max_length long."""
+
+    def run(raw: bytes, rng: random.Random) -> bytes:
+        return aug(raw, rng)[:max_length]
+
+    return run
+
+
+def augment_record(aug: TextAugment | None) -> dict[str, Any] | None:
+    """What config.json's "training" records of the augmentation (as lara_serve.model_export.training.train writes it)."""
+    if aug is None:
+        return None
+    settings = dataclasses.asdict(aug)
+    settings.pop("bank")
+    return {
+        **settings,
+        "where": list(settings["where"]),
+        "filler": "lara_serve.model_export.training.augment.FillerBank.installed()",
+    }
+
+
+def copy_matching(model: nn.Module, source: dict[str, Any]) -> dict[str, Any]:
+    """Copy every tensor of `source` whose name and shape fit `model`; returns what config.json records:
+    how many were taken and which stayed fresh (the new head; the pooling scores when --init pooled by mean)."""
+    own = model.state_dict()
+    taken = {k: v for k, v in source.items() if k in own and own[k].shape == v.shape}
+    model.load_state_dict(taken, strict=False)
+    return {"copied": len(taken), "of": len(own), "fresh": sorted(set(own) - set(taken))}
