@@ -25,10 +25,11 @@ from typing import Any
 
 from benchmarks import reliability_bodies as bodies
 from benchmarks import reliability_cases as cases
+from benchmarks import reliability_explain as explain
 from lara_serve.server.synthetic import make_image_model, make_text_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
-CASES = ("deadlines", "reloads", "inputs", "bodies", "documents", "connections")
+CASES = ("deadlines", "reloads", "inputs", "bodies", "documents", "connections", "explain_memory", "explain_fairness")
 
 
 def make_repository(root: Path) -> Path:
@@ -52,6 +53,10 @@ async def run(names: list[str], args: argparse.Namespace, repo: Path) -> list[ca
             row = await bodies.large_bodies(repo, args.body_mb * 1_000_000, args.large_json, args.large_texts)
         elif name == "documents":
             row = await bodies.documents(repo, count=args.docs)
+        elif name == "explain_memory":
+            row = await explain.explain_memory(repo)
+        elif name == "explain_fairness":
+            row = await explain.explain_fairness(repo)
         else:
             row = await cases.connections(repo)
         row.detail["seconds"] = round(time.monotonic() - start, 1)

@@ -13,9 +13,12 @@ A text of one passage has nothing to compare with (removing it leaves no text): 
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import math
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from lara_serve.server.batcher import BatchResult
-from lara_serve.server.errors import invalid, malformed, too_large
+from lara_serve.server.errors import ErrorKind, ServeError, invalid, malformed, too_large
 from lara_serve.server.models import Scored, ServedModel
 from lara_serve.server.preprocess import IDS, MASK, Item
 from lara_serve.server.repository import TextPreprocessing
@@ -95,28 +98,32 @@ def document_bytes(item: Item, prep: TextPreprocessing) -> bytes:
 
 
 def without(item: Item, passage: Passage) -> Item:
-    """The item with the passage's positions removed (what :predict gets for the text without it)."""
-    keep = np.r_[0 : passage.start, passage.end : item.length]
-    arrays = {IDS: item.arrays[IDS][keep], MASK: item.arrays[MASK][keep]}
-    return Item(arrays, length=len(keep), truncated=item.truncated)
+    """The item with the passage's positions removed (what :predict gets for the text without it): one copy
+    of each array, no index array."""
+    arrays = {k: np.concatenate((item.arrays[k][: passage.start], item.arrays[k][passage.end :])) for k in (IDS, MASK)}
+    length = item.length - (passage.end - passage.start)
+    return Item(arrays, length=length, truncated=item.truncated)
 
 
 @dataclass(frozen=True)
 class Plan:
-    """What explaining one text costs: its passages and, when there are two or more, one variant each."""
+    """What explaining one text costs: its passages and, when there are two or more, one model run each.
+    The occluded variants are built only when their turn comes (`_variants`), never all at once."""
 
+    item: Item
     doc: bytes
     passages: list[Passage]
-    variants: list[Item]
+
+    @property
+    def runs(self) -> int:
+        return len(self.passages) if len(self.passages) > 1 else 0
 
 
 def plan(items: Sequence[Item], prep: TextPreprocessing, max_passages: int) -> list[Plan]:
     plans = []
     for item in items:
         doc = document_bytes(item, prep)
-        passages = split_passages(doc, max_passages)
-        variants = [without(item, p) for p in passages] if len(passages) > 1 else []
-        plans.append(Plan(doc, passages, variants))
+        plans.append(Plan(item, doc, split_passages(doc, max_passages)))
     return plans
 
 
@@ -128,41 +135,112 @@ def require_text(model: ServedModel) -> None:
         )
 
 
+def log_odds(p: float) -> float:
+    """log(p / (1 - p)), with p kept inside [1e-7, 1 - 1e-7] so a certain answer stays finite."""
+    q = min(max(p, 1e-7), 1.0 - 1e-7)
+    return math.log(q / (1.0 - q))
+
+
+# Variants built on the event loop only while small: a chunk of more tokens than this is built in a thread.
+_INLINE_TOKENS = 1 << 16
+
+
 async def explain(
     model: ServedModel, items: list[Item], max_passages: int, timeout_s: float, max_items: int
 ) -> tuple[list[BatchResult[Scored]], list[list[dict[str, Any]]]]:
-    """Run the texts and their occluded variants as one request. Returns (the whole texts' results, and for
-    each text its passages as JSON-ready dicts with contribution and score_without)."""
+    """Run the texts, then their occluded variants a batch's token budget at a time. Returns (the whole
+    texts' results, and for each text its passages as JSON-ready dicts with contribution and score_without).
+
+    Admission before any per-passage memory: the number of model runs is checked against max_items first.
+    Fair share: each chunk of variants is queued only when the one before it is answered, so requests of
+    other clients that arrived meanwhile run between them, and at most one chunk's copies exist at a time.
+    No wasted passes: before each chunk, if the batcher's measured time per run says the variants left cannot
+    finish by the deadline, the request stops at once with a 504 naming the max_passages that would fit.
+    Cancellation (the client left) drops the chunk in the queue and stops the loop."""
     require_text(model)
     prep = model.config.preprocessing
     assert isinstance(prep, TextPreprocessing)
     plans = plan(items, prep, max_passages)
-    variants = [v for p in plans for v in p.variants]
-    if len(items) + len(variants) > max_items:
+    runs = len(items) + sum(p.runs for p in plans)
+    if runs > max_items:
         raise too_large(
-            f"explaining these {len(items)} texts takes {len(items) + len(variants)} model runs (one per text and "
-            f"one per passage); at most max_queue_size={max_items}: send fewer texts or a smaller max_passages"
+            f"explaining these {len(items)} texts takes {runs} model runs (one per text and one per passage); at "
+            f"most max_queue_size={max_items}: send fewer texts or a smaller max_passages"
         )
-    results = await model.classify([*items, *variants], timeout_s)
-    whole, occluded = results[: len(items)], iter(results[len(items) :])
-    out = []
-    for result, p in zip(whole, plans, strict=True):
-        label = int(np.argmax(result.value.probabilities))
-        p_whole = float(result.value.probabilities[label])
-        rows = []
-        for passage in p.passages:
-            p_without = float(next(occluded).value.probabilities[label]) if p.variants else None
-            rows.append(
-                {
-                    "start": passage.start,
-                    "end": passage.end,
-                    "text": p.doc[passage.start : passage.end].decode("utf-8", "replace"),
-                    "contribution": None if p_without is None else p_whole - p_without,
-                    "score_without": p_without,
-                }
-            )
-        out.append(rows)
-    return whole, out
+    deadline = time.perf_counter() + timeout_s
+    whole = await model.classify(items, timeout_s)
+    probabilities: list[list[float]] = [[] for _ in plans]
+    for index, chunk in _chunks(plans, model.batcher.policy.max_batch_tokens):
+        _check_time_left(model, plans, index, deadline, timeout_s, max_passages)
+        tokens = sum(plans[i].item.length for i, _ in chunk)
+        build = functools.partial(_variants, plans, chunk)
+        variants = build() if tokens <= _INLINE_TOKENS else await asyncio.to_thread(build)
+        results = await model.classify(variants, max(1e-3, deadline - time.perf_counter()))
+        del variants  # the copies go as soon as their answers are back
+        for (i, _), result in zip(chunk, results, strict=True):
+            probabilities[i].append(result.value.probabilities)
+    return whole, [_rows(p, r, probs) for p, r, probs in zip(plans, whole, probabilities, strict=True)]
+
+
+def _chunks(plans: Sequence[Plan], budget: int) -> list[tuple[int, list[tuple[int, int]]]]:
+    """(first pending run's position, [(plan index, passage index), ...]) per chunk: as many variants as the
+    token budget holds (at least one), in document order."""
+    pending = [(i, j) for i, p in enumerate(plans) if p.runs for j in range(len(p.passages))]
+    out, start = [], 0
+    while start < len(pending):
+        end, tokens = start, 0
+        while end < len(pending) and (end == start or tokens + plans[pending[end][0]].item.length <= budget):
+            tokens += plans[pending[end][0]].item.length
+            end += 1
+        out.append((start, pending[start:end]))
+        start = end
+    return out
+
+
+def _variants(plans: Sequence[Plan], chunk: Sequence[tuple[int, int]]) -> list[Item]:
+    return [without(plans[i].item, plans[i].passages[j]) for i, j in chunk]
+
+
+def _check_time_left(
+    model: ServedModel, plans: Sequence[Plan], done: int, deadline: float, timeout_s: float, max_passages: int
+) -> None:
+    """A 504 before the next chunk when recent batches say the runs left cannot finish by the deadline."""
+    left = [p.item.length for p in plans for _ in range(p.runs)][done:]
+    bounds = [model.batcher.cost.lower_bound_s(n) for n in left]
+    if not left or any(t is None for t in bounds):
+        return  # no evidence for these lengths: run and measure, as the batcher does
+    need, remaining = sum(t for t in bounds if t is not None), deadline - time.perf_counter()
+    if need > remaining:
+        per_run = need / len(left)
+        # runs that could have finished in this request: those done, and those the time left would hold
+        fit = max(2, (done + int(max(remaining, 0.0) / per_run)) // max(1, len(plans)))
+        raise ServeError(
+            ErrorKind.TIMEOUT,
+            f"explaining would need about {need:.1f} s more ({len(left)} runs of the text without one passage) "
+            f"and {max(remaining, 0.0):.1f} s are left of request_timeout_s={timeout_s:g} s; ask for max_passages <= "
+            f"{min(fit, max_passages - 1)} or a shorter text",
+        )
+
+
+def _rows(p: Plan, result: BatchResult[Scored], occluded: list[Any]) -> list[dict[str, Any]]:
+    label = int(np.argmax(result.value.probabilities))
+    p_whole = float(result.value.probabilities[label])
+    rows = []
+    for k, passage in enumerate(p.passages):
+        p_without = float(occluded[k][label]) if p.runs else None
+        rows.append(
+            {
+                "start": passage.start,
+                "end": passage.end,
+                "text": p.doc[passage.start : passage.end].decode("utf-8", "replace"),
+                "contribution": None if p_without is None else p_whole - p_without,
+                # Unsaturated: at p = 0.999 a decisive passage moves the probability by 0.001 but the
+                # log-odds by several units, so the deciding passage of a confident answer still shows.
+                "log_odds": None if p_without is None else log_odds(p_whole) - log_odds(p_without),
+                "score_without": p_without,
+            }
+        )
+    return rows
 
 
 def documents(items: Sequence[Item], passages: Sequence[list[dict[str, Any]]]) -> list[bytes]:

@@ -199,6 +199,11 @@ class PassageContribution(BaseModel):
     contribution: float | None = Field(
         description="p(label | text) - p(label | text without this passage); null if the text is one passage"
     )
+    log_odds: float | None = Field(
+        None,
+        description="The same in log-odds of the label, log(p/(1-p)) with and without the passage: not saturated "
+        "when p is near 1 (probabilities clipped to [1e-7, 1 - 1e-7]); null if the text is one passage",
+    )
     score_without: float | None = Field(description="p(label | text without this passage)")
 
 

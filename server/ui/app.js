@@ -151,11 +151,14 @@ async function explain() {
   }
 }
 
-// The passages cover the text the model read, in order: each becomes a span coloured by its contribution.
+// The passages cover the text the model read, in order: each becomes a span coloured by its contribution in
+// log-odds on an absolute scale (full colour at LOG_ODDS_FULL), so a confident answer's deciding passage still
+// shows and a passage that barely matters stays pale, whatever the others do.
+const LOG_ODDS_FULL = 3.0; // e^3: the passage multiplies the label's odds by about 20
 function showPassages(explanation) {
   const passages = explanation.passages;
-  const scale = Math.max(1e-9, ...passages.map((p) => Math.abs(p.contribution || 0)));
-  const top = passages.filter((p) => p.contribution > 0).sort((a, b) => b.contribution - a.contribution).slice(0, 3);
+  const effect = (p) => (p.log_odds === undefined || p.log_odds === null ? p.contribution : p.log_odds) || 0;
+  const top = passages.filter((p) => effect(p) > 0).sort((a, b) => effect(b) - effect(a)).slice(0, 3);
   $("explained-label").textContent = explanation.label;
   $("passages").replaceChildren(...passages.map((p) => {
     const span = document.createElement("span");
@@ -164,12 +167,14 @@ function showPassages(explanation) {
     span.dataset.start = String(p.start);
     span.dataset.end = String(p.end);
     span.dataset.contribution = p.contribution === null ? "" : String(p.contribution);
+    span.dataset.logOdds = p.log_odds === null || p.log_odds === undefined ? "" : String(p.log_odds);
     span.dataset.rank = top.includes(p) ? String(top.indexOf(p) + 1) : "";
-    const c = p.contribution || 0;
-    const alpha = (0.7 * Math.abs(c) / scale).toFixed(3);
+    const c = effect(p);
+    const alpha = (0.7 * Math.min(1, Math.abs(c) / LOG_ODDS_FULL)).toFixed(3);
     span.style.backgroundColor = c >= 0 ? "rgba(46, 160, 67, " + alpha + ")" : "rgba(207, 34, 46, " + alpha + ")";
     span.title = p.contribution === null ? "the whole text is one passage"
-      : "bytes " + p.start + "-" + p.end + ": " + (c >= 0 ? "+" : "") + (100 * c).toFixed(2) + " points of " + explanation.label;
+      : "bytes " + p.start + "-" + p.end + ": " + (c >= 0 ? "+" : "") + c.toFixed(2) + " log-odds ("
+        + (p.contribution >= 0 ? "+" : "") + (100 * p.contribution).toFixed(2) + " points) of " + explanation.label;
     return span;
   }));
   $("explanation").hidden = false;

@@ -158,7 +158,9 @@ async def test_ranges_refer_to_the_text_after_truncation(repo: Path) -> None:
     assert cut["truncated"] is True and cut["length"] == len(kept)
     assert b"".join(kept[p["start"] : p["end"]] for p in cut["passages"]) == kept
     # A text of one passage: nothing is left without it, so no contribution is claimed.
-    assert short["passages"] == [{"start": 0, "end": 6, "text": "short.", "contribution": None, "score_without": None}]
+    assert short["passages"] == [
+        {"start": 0, "end": 6, "text": "short.", "contribution": None, "log_odds": None, "score_without": None}
+    ]
 
 
 async def test_v2_explain_parameter_matches_v1(settings: Settings) -> None:

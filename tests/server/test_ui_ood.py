@@ -14,23 +14,13 @@ import numpy as np
 import pytest
 from PIL import Image
 from test_explain import ARTICLE_WORDS, FILLER_WORDS, sentences
-from test_ui import CHROMIUM, FLAGS, Offline, _need, screenshot
+from test_ui import Offline, browser, screenshot  # noqa: F401 - browser: test_ui's Chromium fixture, one per module
 
 from lara_serve.server.synthetic import ENGLISH, make_image_model, make_text_model
 from lara_serve.server.testing import server_process
 
 pytestmark = pytest.mark.slow
 OOD_TEXT, OOD_IMAGE, TRIGGER_TEXT = "ood-text", "ood-image", "trigger-text"
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    _need(Path(CHROMIUM).exists(), "Debian chromium")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
-        yield browser
-        browser.close()
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +42,7 @@ def _classify_text(page: Any, text: str) -> None:
     page.wait_for_selector("#status:text-is('done')", timeout=30_000)
 
 
-def test_badge_follows_in_distribution(browser: Any, url: str, tmp_path: Path) -> None:
+def test_badge_follows_in_distribution(browser: Any, url: str, tmp_path: Path) -> None:  # noqa: F811 - the imported fixture
     tab = Offline(browser)
     page = tab.page
     page.goto(f"{url}/ui?model={OOD_TEXT}")
@@ -84,7 +74,7 @@ def test_badge_follows_in_distribution(browser: Any, url: str, tmp_path: Path) -
     assert tab.blocked == [] and tab.errors == []
 
 
-def test_explain_highlights_the_article(browser: Any, url: str, tmp_path: Path) -> None:
+def test_explain_highlights_the_article(browser: Any, url: str, tmp_path: Path) -> None:  # noqa: F811 - the imported fixture
     before = sentences(FILLER_WORDS, 30, seed=1) + "\n\n"
     article = sentences(ARTICLE_WORDS, 16, seed=2) + "\n\n"
     text = before + article + sentences(FILLER_WORDS, 30, seed=3)
@@ -105,6 +95,11 @@ def test_explain_highlights_the_article(browser: Any, url: str, tmp_path: Path) 
     first = page.locator("#passages .passage.top[data-rank='1']")
     assert start <= int(first.get_attribute("data-start") or -1) and int(first.get_attribute("data-end") or 0) <= end
     assert page.locator("#passages .passage.top").count() == 3
+    # coloured by log-odds on one absolute scale (full at 3 units), so the colour shows the real effect
+    top_api = max(api["passages"], key=lambda p: p["log_odds"] or 0.0)
+    assert float(first.get_attribute("data-log-odds") or "nan") == pytest.approx(top_api["log_odds"], rel=1e-6)
+    shown = float((first.get_attribute("style") or "").rsplit(",", 1)[-1].strip(" );"))
+    assert shown == pytest.approx(0.7 * min(1.0, abs(top_api["log_odds"]) / 3.0), abs=1e-3)
     colours = {spans.nth(i).get_attribute("style") or "" for i in range(spans.count())}
     assert any("rgba(46, 160, 67" in c for c in colours) and any("rgba(207, 34, 46" in c for c in colours)
     screenshot(page, tmp_path, "ui-explain.png")
