@@ -1,7 +1,8 @@
 """Load tester: latency and throughput vs input length and load, for one or several models.
 
 `python -m lara_serve.clients loadtest --model NAME --lengths 1K,4K,16K --concurrency 1,8 --out DIR` (see cli.py).
-The parts: inputs (what is sent), protocol (how, per route), schedule (closed/open loop arrivals),
+The parts: inputs (what is sent; examples/ holds the shipped example files), protocol (how, per route),
+grpc_route (the KServe v2 gRPC route, imported only when asked for), schedule (closed/open loop arrivals),
 runner (one cell), rigour (measurement windows and their stability, thin percentiles, achieved vs offered
 rate), sweep (all cells), report (statistics), writers (JSON, CSV, table), charts (PNG), html (report.html).
 """

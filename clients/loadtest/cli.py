@@ -1,9 +1,11 @@
 """`python -m lara_serve.clients loadtest ...`: argument parsing, target discovery, outputs, exit status.
 
-Exit status: 0 when every cell's error rate is within --fail-on-error-rate and every cell got at least one
-successful response (or --allow-failed-cells); 1 when not, or the server cannot be reached or does not
-serve the model; 2 for a usage error (bad flags, inputs the model
-cannot take), reported before any inference request is sent.
+Exit status: 0 when every cell's error rate is within --fail-on-error-rate, every cell got at least one
+successful response (or --allow-failed-cells), every open-loop cell achieved 90% of its offered rate (or
+--allow-rate-shortfall) and, with --fail-on-unstable, every cell was stable; 1 when not, or the server cannot
+be reached or does not serve the model; 2 for a usage error (bad flags, inputs the model cannot take),
+reported before any inference request is sent; 130 when interrupted (Ctrl-C): the finished cells are
+written as a normal run's, marked interrupted.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import asyncio
 import ipaddress
 import os
 import platform
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -35,10 +38,10 @@ from lara_serve.clients.loadtest.inputs import (
     synthetic_text,
 )
 from lara_serve.clients.loadtest.protocol import ROUTES
-from lara_serve.clients.loadtest.report import Report, Target
+from lara_serve.clients.loadtest.report import Cell, Report, Target
 from lara_serve.clients.loadtest.rigour import Stability
 from lara_serve.clients.loadtest.schedule import LoadPoint
-from lara_serve.clients.loadtest.sweep import SweepPlan, check_plan, run_sweep
+from lara_serve.clients.loadtest.sweep import Interrupted, SweepPlan, check_plan, run_sweep
 from lara_serve.clients.loadtest.writers import format_table, write_csv, write_json
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -65,15 +68,23 @@ def check_loopback(url: str) -> None:
     raise ValueError(f"load tests run against loopback (127.0.0.1, localhost) unless --allow-remote; got {host!r}")
 
 
+# A byte length: a number, then an optional unit; K and M are binary (1K = 1024), as they always were here.
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(|B|K|KB|KIB|M|MB|MIB)", re.IGNORECASE)
+_SCALE = {"": 1, "B": 1, "K": 1024, "KB": 1024, "KIB": 1024, "M": 1024**2, "MB": 1024**2, "MIB": 1024**2}
+
+
 def _sizes(text: str) -> list[int]:
-    """'1024,4K,64KB' -> [1024, 4096, 65536] (K = 1024 bytes)."""
+    """'1024,4K,64KiB,1M' -> [1024, 4096, 65536, 1048576] (K = 1024 bytes, M = 1024 K)."""
     out = []
-    for part in (p.strip().upper().removesuffix("B").removesuffix("I") for p in text.split(",") if p.strip()):
-        scale = 1024 if part.endswith("K") else 1
-        try:
-            out.append(int(float(part.removesuffix("K")) * scale))
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a byte length: {part!r} (examples: 512, 4K, 64KB)") from None
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        match = _SIZE.fullmatch(part)
+        size = float(match[1]) * _SCALE[match[2].upper()] if match else 0.0
+        if size < 1 or not size.is_integer():
+            raise argparse.ArgumentTypeError(
+                f"not a byte length: {part!r}; give a whole number of bytes of at least 1, optionally with K, KB, "
+                "KiB (1024 bytes) or M, MB, MiB (1024 K), e.g. 512,4K,64KiB,1M"
+            )
+        out.append(int(size))
     return out
 
 
@@ -112,17 +123,25 @@ def build_parser(prog: str = "python -m lara_serve.clients loadtest") -> argpars
     inputs = p.add_argument_group("inputs (default: --lengths 1K,4K for text models, noise PNGs for image models)")
     inputs.add_argument("--lengths", type=_sizes, default=None, help="synthetic texts of these byte lengths")
     inputs.add_argument("--set", action="append", default=[], choices=list(BUILTIN_SETS),
-                        help="built-in inputs: examples-text, examples-image (examples/, any install); "
+                        help="built-in inputs: examples-text, examples-image (shipped with the client, any install); "
                              "bbc, brown (texts), fashion (images): test splits, full install")  # fmt: skip
     inputs.add_argument("--files", nargs="+", type=Path, default=[], help="files or folders (texts or images)")
     inputs.add_argument("--truncate", action="store_true", help="let the server cut texts longer than it takes")
-    p.add_argument("--route", action="append", choices=ROUTES, help="predict (default), classify, v2-json, v2-binary")
+    p.add_argument("--route", action="append", choices=ROUTES,
+                   help="predict (default), classify, v2-json, v2-binary, grpc (KServe v2 gRPC)")  # fmt: skip
+    p.add_argument("--grpc-url", action="append", default=None,
+                   help="host:port of the gRPC port for --route grpc, one per --url in order (default: the port "
+                        "the server reports at /info; its --grpc-port)")  # fmt: skip
     p.add_argument("--out", type=Path, default=None, help="write report.json, report.csv and PNG charts here")
     p.add_argument("--note", action="append", default=[], help="free text kept in report.json (e.g. server flags)")
     p.add_argument("--fail-on-error-rate", type=float, default=0.0,
                    help="exit 1 if any cell's error rate exceeds this (default 0: any error fails)")  # fmt: skip
     p.add_argument("--allow-failed-cells", action="store_true",
                    help="exit 0 even when a cell got no successful response (e.g. every request refused, 413)")  # fmt: skip
+    p.add_argument("--fail-on-unstable", action="store_true",
+                   help="exit 1 if a cell is unstable after --max-windows (needs --stability-percentage)")  # fmt: skip
+    p.add_argument("--allow-rate-shortfall", action="store_true",
+                   help="exit 0 even when an open-loop cell achieved under 90%% of its offered --rate")  # fmt: skip
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="live progress bars (default: when stderr is a terminal)")  # fmt: skip
     return p
@@ -162,12 +181,32 @@ def _groups(args: argparse.Namespace, first_task: str, notes: list[str]) -> list
     return [synthetic_text(n) for n in DEFAULT_LENGTHS] if first_task == "text" else [synthetic_images()]
 
 
-def discover(urls: list[str], models: list[str], api_key: str | None) -> list[Target]:
-    """Ask each server for each model's task (text or image) and backend, before any load."""
+def _reported_grpc(http: httpx.Client, url: str) -> str | None:
+    """The host:port the server says its KServe v2 gRPC listens on (/info), or None when it has none."""
+    try:
+        info = http.get("/info")
+    except httpx.HTTPError:
+        return None
+    reported = info.json().get("protocols", {}).get("v2_grpc") if info.status_code == 200 else None
+    if not isinstance(reported, str) or ":" not in reported:
+        return None
+    host, port = reported.rsplit(":", 1)
+    # A server bound to every interface reports 0.0.0.0: reach it where its HTTP was reached.
+    return f"{urlparse(url).hostname}:{port}" if host in ("0.0.0.0", "::", "[::]") else reported
+
+
+def discover(
+    urls: list[str], models: list[str], api_key: str | None, grpc_urls: list[str | None] | None = None
+) -> list[Target]:
+    """Ask each server for each model's task (text or image) and backend, before any load. `grpc_urls`
+    (for the grpc route): per URL the given host:port, or None to ask the server (/info)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     targets = []
-    for url in urls:
+    for i, url in enumerate(urls):
         with httpx.Client(base_url=url, headers=headers, timeout=10.0) as http:
+            grpc_url = None
+            if grpc_urls is not None:
+                grpc_url = grpc_urls[i] or _reported_grpc(http, url)
             for model in models:
                 try:
                     info = http.get(f"/v1/models/{model}")
@@ -182,7 +221,7 @@ def discover(urls: list[str], models: list[str], api_key: str | None) -> list[Ta
                     raise ServerError(f"{url} did not say model {model!r}'s task (text or image): {info.text[:300]}")
                 backend = meta.json().get("platform") if meta is not None and meta.status_code == 200 else None
                 label = model if len(urls) == 1 else f"{model}@{urlparse(url).netloc}"
-                targets.append(Target(url, model, task, label, backend))
+                targets.append(Target(url, model, task, label, backend, grpc_url))
     return targets
 
 
@@ -197,10 +236,15 @@ def _redacted(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def _settings(args: argparse.Namespace, argv: Sequence[str], plan: SweepPlan) -> dict[str, Any]:
+def _utc(seconds: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+
+
+def _settings(argv: Sequence[str], plan: SweepPlan, started: float) -> dict[str, Any]:
     return {
         "argv": _redacted(argv),
-        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "started_utc": _utc(started),
+        "finished_utc": _utc(time.time()),
         "routes": list(plan.routes),
         "requests_per_cell": plan.requests,
         "seconds_per_cell": plan.seconds,
@@ -223,7 +267,7 @@ def _stability(args: argparse.Namespace) -> Stability | None:
     return Stability(args.stability_percentage, args.max_windows)
 
 
-def _write_outputs(report: Report, out: Path) -> None:
+def _write_outputs(report: Report, out: Path) -> list[Path]:
     """report.json, report.csv, the PNG charts when matplotlib is there, and report.html beside them."""
     written = [write_json(report, out / "report.json"), write_csv(report.cells, out / "report.csv")]
     charts: list[Path] = []
@@ -234,8 +278,52 @@ def _write_outputs(report: Report, out: Path) -> None:
               "(matplotlib, tqdm) and rerun", file=sys.stderr)  # fmt: skip
     else:
         charts = write_charts(report.cells, out)
-    written += [*charts, write_html(report, charts, out / "report.html")]
-    print("wrote " + ", ".join(str(p) for p in written), file=sys.stderr)
+    return [*written, *charts, write_html(report, charts, out / "report.html")]
+
+
+def _grpc_urls(args: argparse.Namespace, urls: list[str]) -> list[str | None] | None:
+    """Per --url the --grpc-url given (or None: ask the server), when the grpc route is asked for."""
+    given: list[str] = args.grpc_url or []
+    if "grpc" not in (args.route or []):
+        if given:
+            raise InputError("--grpc-url applies to --route grpc")
+        return None
+    if given and len(given) != len(urls):
+        raise InputError(f"give one --grpc-url per --url ({len(urls)}), in the same order; got {len(given)}")
+    for grpc_url in given:
+        if not re.fullmatch(r"(\[[0-9A-Fa-f:.]+\]|[^\s/:\[\]]+):\d{1,5}", grpc_url):
+            raise InputError(f"--grpc-url takes host:port (e.g. 127.0.0.1:8001), got {grpc_url!r}")
+    return list(given) or [None] * len(urls)
+
+
+def _plan(args: argparse.Namespace, urls: list[str], notes: list[str]) -> SweepPlan:
+    """Everything checked before any load: usage errors raise InputError/ValueError, server ones ServerError."""
+    if not args.allow_remote:
+        for url in urls:
+            check_loopback(url)
+    if args.fail_on_unstable and args.stability_percentage is None:
+        raise InputError("--fail-on-unstable needs --stability-percentage (without it no cell is tested for stability)")
+    points = _points(args)
+    targets = discover(urls, args.model, args.api_key, _grpc_urls(args, urls))
+    if not args.allow_remote:
+        for target in targets:
+            if target.grpc_url:
+                check_loopback(f"grpc://{target.grpc_url}")
+    plan = SweepPlan(targets=targets, groups=_groups(args, targets[0].task, notes), points=points,
+                     routes=args.route or ["predict"], requests=args.requests, seconds=args.seconds,
+                     timeout_s=args.timeout, api_key=args.api_key, truncate=args.truncate, warmup=args.warmup,
+                     max_p50_ms=args.max_p50_ms, budget_s=args.budget_s, seed=args.seed, progress=args.progress,
+                     stability=_stability(args))  # fmt: skip
+    check_plan(plan)
+    return plan
+
+
+def _sweep(plan: SweepPlan) -> tuple[list[Cell], str | None]:
+    """The cells, and why the sweep stopped early (Ctrl-C) or None."""
+    try:
+        return asyncio.run(run_sweep(plan, keep_on_cancel=True)), None
+    except Interrupted as exc:
+        return exc.cells, f"after {len(exc.cells)} of {exc.total} cells (Ctrl-C); the cell running then is not reported"
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m lara_serve.clients loadtest") -> int:
@@ -243,19 +331,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m lara_serve.cl
     parser = build_parser(prog)
     args = parser.parse_args(argv)
     urls = args.url or [os.environ.get("LARA_URL") or DEFAULT_URL]
+    started, notes = time.time(), list(args.note)
     try:
-        if not args.allow_remote:
-            for url in urls:
-                check_loopback(url)
-        points = _points(args)
-        targets = discover(urls, args.model, args.api_key)
-        notes: list[str] = list(args.note)
-        plan = SweepPlan(targets=targets, groups=_groups(args, targets[0].task, notes), points=points,
-                         routes=args.route or ["predict"], requests=args.requests, seconds=args.seconds,
-                         timeout_s=args.timeout, api_key=args.api_key, truncate=args.truncate, warmup=args.warmup,
-                         max_p50_ms=args.max_p50_ms, budget_s=args.budget_s, seed=args.seed, progress=args.progress,
-                         stability=_stability(args))  # fmt: skip
-        check_plan(plan)
+        plan = _plan(args, urls, notes)
     except (InputError, ValueError) as exc:
         parser.print_usage(sys.stderr)
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
@@ -263,15 +341,29 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m lara_serve.cl
     except ServerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    cells = asyncio.run(run_sweep(plan))
-    report = Report(_settings(args, argv, plan), targets, cells, args.fail_on_error_rate, notes,
-                    args.allow_failed_cells)  # fmt: skip
+    except KeyboardInterrupt:  # while the servers are asked about their models: nothing measured yet
+        print("\ninterrupted (Ctrl-C) before any measurement: no report written", file=sys.stderr)
+        return 130
+    try:
+        cells, interrupted = _sweep(plan)
+    except KeyboardInterrupt:  # a second Ctrl-C while the sweep shut down
+        print("\ninterrupted (Ctrl-C) twice: no report written", file=sys.stderr)
+        return 130
+    report = Report(_settings(argv, plan, started), plan.targets, cells, args.fail_on_error_rate, notes,
+                    args.allow_failed_cells, args.fail_on_unstable, args.allow_rate_shortfall, interrupted)  # fmt: skip
     print(format_table(cells))
-    if args.out:
-        _write_outputs(report, args.out)
+    written = _write_outputs(report, args.out) if args.out else []
+    if interrupted:
+        where = (
+            f"wrote {len(written)} files to {args.out} (report.json ...)" if written else "no --out: nothing written"
+        )
+        print(f"\ninterrupted {interrupted}; {where}", file=sys.stderr)
+        return 130
+    if written:
+        print("wrote " + ", ".join(str(p) for p in written), file=sys.stderr)
     if report.failures:
-        print(f"FAILED: {len(report.failures)} cell(s) with an error rate above {args.fail_on_error_rate:g} or "
-              "no successful response:", file=sys.stderr)  # fmt: skip
+        print(f"FAILED: {len(report.failures)} problem(s): error rate above {args.fail_on_error_rate:g}, no "
+              "successful response, open-loop rate short of offered or an unstable cell:", file=sys.stderr)  # fmt: skip
         for line in report.failures:
             print(f"  {line}", file=sys.stderr)
         return 1

@@ -171,17 +171,18 @@ def _fashion() -> InputGroup:
     return InputGroup("fashion-test", "image", tuple(payloads))
 
 
-# -- the project's own examples (examples/ in the checkout): no data package, no torch: the lean install --------
+# -- examples shipped inside this package (clients/loadtest/examples/, package data): every install has them ----
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parent / "examples"
 
 
 def _examples(kind: InputKind) -> InputGroup:
     suffixes = {"text": (".txt",), "image": (".png",)}[kind]
     files = sorted(p for p in EXAMPLES.glob("*") if p.suffix in suffixes) if EXAMPLES.is_dir() else []
     if not files:
+        # Only an install built without the package data gets here.
         raise InputError(f"built-in set 'examples-{kind}' reads {EXAMPLES}, which holds no {'/'.join(suffixes)} "
-                         "files (an installed wheel has no examples/: use a checkout, --lengths or --files)")  # fmt: skip
+                         "files (an install without the package's data); use --lengths or --files")  # fmt: skip
     group = from_paths(files)
     return InputGroup(f"examples-{kind}", kind, group.payloads)
 
@@ -217,4 +218,4 @@ def builtin(name: str) -> InputGroup:
     except ImportError as exc:
         # The lean install (make serve) has no torch: say what works there instead.
         raise InputError(f"built-in set {name!r} needs the full install with its data ({exc}); without it use "
-                         "--set examples-text or examples-image (files in examples/), --lengths or --files") from None  # fmt: skip
+                         "--set examples-text or examples-image (shipped with the client), --lengths or --files") from None  # fmt: skip

@@ -14,14 +14,14 @@ from typing import Literal
 
 from lara_serve.clients.loadtest.inputs import InputError, Payload
 
-Route = Literal["predict", "classify", "v2-json", "v2-binary"]
-ROUTES: tuple[str, ...] = ("predict", "classify", "v2-json", "v2-binary")
+Route = Literal["predict", "classify", "v2-json", "v2-binary", "grpc"]
+ROUTES: tuple[str, ...] = ("predict", "classify", "v2-json", "v2-binary", "grpc")
 HEADER_LENGTH = "Inference-Header-Content-Length"  # v2 binary tensor data extension
 
 
 @dataclass(frozen=True)
 class PreparedRequest:
-    path: str
+    path: str  # the URL path; for the grpc route the RPC method
     content: bytes
     headers: dict[str, str] = field(default_factory=dict)
     params: dict[str, str] = field(default_factory=dict)
@@ -61,4 +61,6 @@ def prepare(route: Route, model: str, payload: Payload, truncate: bool) -> Prepa
                            "parameters": params_v2}).encode()  # fmt: skip
         return PreparedRequest(path, head + blob, {HEADER_LENGTH: str(len(head)),
                                                    "Content-Type": "application/octet-stream"})  # fmt: skip
+    if route == "grpc":  # no HTTP request: sweep.prepare_any builds it with grpc_route (imports run one way)
+        raise InputError("the grpc route's requests are built by grpc_route.prepare_grpc")
     raise InputError(f"unknown route {route!r}; choose from {list(ROUTES)}")

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from lara_serve.clients.loadtest.inputs import InputGroup
-from lara_serve.clients.loadtest.rigour import percentile_warnings, rate_warning
+from lara_serve.clients.loadtest.rigour import RATE_SHORT_FRACTION, percentile_warnings, rate_warning
 from lara_serve.clients.loadtest.runner import CellRun
 from lara_serve.clients.loadtest.schedule import LoadPoint
 
@@ -29,6 +29,7 @@ class Target:
     task: str  # "text" or "image", from the server's model metadata
     label: str
     backend: str | None = None  # the server's v2 "platform" (onnxruntime_onnx, pytorch_libtorch: Triton's names)
+    grpc_url: str | None = None  # host:port of its KServe v2 gRPC, for the grpc route
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -182,12 +183,17 @@ class Report:
     fail_on_error_rate: float = 0.0
     notes: list[str] = field(default_factory=list)  # e.g. skipped built-in sets
     allow_failed_cells: bool = False  # a cell without one successful answer fails the run unless this is set
+    fail_on_unstable: bool = False  # a cell the stability test marked unstable fails the run
+    allow_rate_shortfall: bool = False  # an open-loop cell short of its offered rate fails the run unless this is set
+    interrupted: str | None = None  # why the sweep stopped early (Ctrl-C): the cells are the finished ones
 
     @property
     def failures(self) -> list[str]:
-        """Cells whose error rate exceeds the threshold, and cells that got no successful answer at all (413
-        included, also when warm-up saw it and skipped the cell): the run's exit status is non-zero if any."""
-        out = []
+        """Cells whose error rate exceeds the threshold, cells that got no successful answer at all (413
+        included, also when warm-up saw it and skipped the cell), open-loop cells short of their offered rate
+        and, when asked, unstable cells: the run's exit status is non-zero if any. An interrupted run fails too:
+        its report holds the finished cells only."""
+        out = [f"interrupted: {self.interrupted}"] if self.interrupted else []
         for c in self.cells:
             where = f"{c.target} {c.route} {c.input} {c.load}"
             if c.error_rate is not None and c.error_rate > self.fail_on_error_rate:
@@ -195,6 +201,11 @@ class Report:
             elif not self.allow_failed_cells and (c.refused or (c.requests > 0 and c.ok == 0)):
                 why = c.skipped if c.refused else f"{c.requests} requests, statuses {c.statuses}"
                 out.append(f"{where}: no successful response ({why}); --allow-failed-cells accepts it")
+            if c.rate_short and not self.allow_rate_shortfall:
+                out.append(f"{where}: achieved {c.achieved_rps} req/s of the {c.offered_rps:g} offered (below "
+                           f"{1 - RATE_SHORT_FRACTION:.0%}); --allow-rate-shortfall accepts it")  # fmt: skip
+            if self.fail_on_unstable and c.stable is False:
+                out.append(f"{where}: unstable over {c.windows} windows (--fail-on-unstable)")
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -204,6 +215,9 @@ class Report:
             "targets": [asdict(t) for t in self.targets],
             "fail_on_error_rate": self.fail_on_error_rate,
             "allow_failed_cells": self.allow_failed_cells,
+            "fail_on_unstable": self.fail_on_unstable,
+            "allow_rate_shortfall": self.allow_rate_shortfall,
+            "interrupted": self.interrupted,
             "passed": not self.failures,
             "failures": self.failures,
             "notes": self.notes,

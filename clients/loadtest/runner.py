@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import httpx
 
@@ -19,6 +20,8 @@ SERVER_HEADERS = {
     "total_ms": "x-total-time-ms",
     "batch_size": "x-batch-size",
 }
+# A successful answer: HTTP 200, or gRPC OK (the grpc route counts statuses by gRPC code name).
+OK_STATUSES = ("200", "OK")
 
 
 @dataclass(frozen=True)
@@ -28,12 +31,12 @@ class Sample:
     scheduled: float  # when it should have gone (open loop) or went (closed loop)
     sent: float
     done: float
-    status: str  # "200", "413", or a transport error: "connect-error", "timeout", ...
+    status: str  # "200", "413", a gRPC code ("OK", "RESOURCE_EXHAUSTED"), or "connect-error", "timeout", ...
     server: dict[str, float]  # SERVER_HEADERS present on the answer, as numbers
 
     @property
     def ok(self) -> bool:
-        return self.status == "200"
+        return self.status in OK_STATUSES
 
     @property
     def latency_ms(self) -> float:
@@ -61,7 +64,23 @@ def _transport_error(exc: httpx.HTTPError) -> str:
     return type(exc).__name__
 
 
-def _server_values(headers: httpx.Headers) -> dict[str, float]:
+class Sender(Protocol):
+    """A route that is not HTTP (gRPC): sends one prepared request and times it as `send` does."""
+
+    async def send(self, request: PreparedRequest, start: float, scheduled: float) -> Sample: ...
+
+    async def warm_up(self, requests: Sequence[PreparedRequest], n: int) -> str | None:
+        """Send n requests one by one; a reason to skip the input's cells (refused as too large), or None."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+Client = httpx.AsyncClient | Sender
+
+
+def server_values(headers: Mapping[str, str]) -> dict[str, float]:
+    """SERVER_HEADERS from HTTP headers or gRPC trailing metadata (the server sends the same lower-case names)."""
     values: dict[str, float] = {}
     for key, header in SERVER_HEADERS.items():
         raw = headers.get(header)
@@ -74,20 +93,22 @@ def _server_values(headers: httpx.Headers) -> dict[str, float]:
     return values
 
 
-async def send(client: httpx.AsyncClient, request: PreparedRequest, start: float, scheduled: float) -> Sample:
+async def send(client: Client, request: PreparedRequest, start: float, scheduled: float) -> Sample:
+    if not isinstance(client, httpx.AsyncClient):
+        return await client.send(request, start, scheduled)
     sent = time.perf_counter() - start
     try:
         response = await client.post(request.path, content=request.content, headers=request.headers,
                                      params=request.params)  # fmt: skip
         await response.aread()
-        status, server = str(response.status_code), _server_values(response.headers)
+        status, server = str(response.status_code), server_values(response.headers)
     except httpx.HTTPError as exc:
         status, server = _transport_error(exc), {}
     return Sample(scheduled, sent, time.perf_counter() - start, status, server)
 
 
 async def run_closed(
-    client: httpx.AsyncClient,
+    client: Client,
     requests: Sequence[PreparedRequest],
     concurrency: int,
     max_requests: int,
@@ -113,7 +134,7 @@ async def run_closed(
 
 
 async def run_open(
-    client: httpx.AsyncClient,
+    client: Client,
     requests: Sequence[PreparedRequest],
     point: LoadPoint,
     max_requests: int,
@@ -150,7 +171,7 @@ async def run_open(
 
 
 async def run_cell(
-    client: httpx.AsyncClient,
+    client: Client,
     requests: Sequence[PreparedRequest],
     point: LoadPoint,
     max_requests: int,

@@ -7,11 +7,14 @@ alike. A group the server refuses as too large (413 during warm-up) is skipped w
 loads at that length or longer are skipped for it (how exact attention is kept from running for hours
 at 64 KB). With `budget_s`, cells that would start after the budget is spent are skipped, saying so.
 With `stability`, each cell runs measurement windows (each bounded by `requests` and `seconds`) until the
-last three agree (clients/loadtest/rigour.py).
+last three agree (clients/loadtest/rigour.py). Cancelled (Ctrl-C), the sweep raises `Interrupted` with the
+cells finished so far when asked to (`keep_on_cancel`); the cell that was running is dropped (its samples
+are partial).
 """
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 from collections.abc import Callable
@@ -20,15 +23,24 @@ from typing import Any
 
 import httpx
 
-from lara_serve.clients.loadtest.inputs import InputError, InputGroup, kind_hint
+from lara_serve.clients.loadtest.inputs import InputError, InputGroup, Payload, kind_hint
 from lara_serve.clients.loadtest.protocol import PreparedRequest, Route, prepare, unsupported_reason
 from lara_serve.clients.loadtest.report import Cell, Target, skipped_cell, summarize
 from lara_serve.clients.loadtest.rigour import STABLE_WINDOWS, Stability, WindowStats, is_stable, merge, window_stats
-from lara_serve.clients.loadtest.runner import CellRun, Sample, run_cell
+from lara_serve.clients.loadtest.runner import CellRun, Client, Sample, run_cell
 from lara_serve.clients.loadtest.schedule import LoadPoint
 
 MAX_REQUESTS_PER_CELL = 100_000
 MAX_SECONDS_PER_CELL = 600.0
+
+
+class Interrupted(Exception):
+    """The sweep was cancelled (Ctrl-C); `cells` are the ones that finished before it."""
+
+    def __init__(self, cells: list[Cell], total: int) -> None:
+        super().__init__(f"interrupted after {len(cells)} of {total} cells")
+        self.cells = cells
+        self.total = total
 
 
 @dataclass(frozen=True)
@@ -56,6 +68,23 @@ class SweepPlan:
             raise ValueError(f"seconds per cell must be in (0, {MAX_SECONDS_PER_CELL}], got {self.seconds}")
 
 
+def prepare_any(route: Route, model: str, payload: Payload, truncate: bool) -> PreparedRequest:
+    """`protocol.prepare`, and the grpc route's request (grpcio is in the `grpc` extra: imported only for it)."""
+    if route == "grpc":
+        from lara_serve.clients.loadtest.grpc_route import prepare_grpc
+
+        return prepare_grpc(model, payload, truncate)
+    return prepare(route, model, payload, truncate)
+
+
+def _route_reason(route: Route, kind: str) -> str | None:
+    if route == "grpc":
+        from lara_serve.clients.loadtest.grpc_route import unavailable_reason
+
+        return unavailable_reason()
+    return unsupported_reason(route, kind)
+
+
 def check_plan(plan: SweepPlan) -> None:
     """Refuse, before any request, inputs a model cannot take (texts to an image model, and so on)."""
     problems = []
@@ -65,15 +94,20 @@ def check_plan(plan: SweepPlan) -> None:
                 problems.append(f"model {target.model!r} at {target.url} is a {target.task} model but input "
                                 f"{group.name!r} is {group.kind}; give it {kind_hint(target.task)}")  # fmt: skip
             for route in plan.routes:
-                reason = unsupported_reason(route, group.kind)
+                reason = _route_reason(route, group.kind)
                 if reason:
                     problems.append(f"route {route!r} with input {group.name!r}: {reason}")
+        if "grpc" in plan.routes and target.grpc_url is None:
+            problems.append(f"route 'grpc': {target.url} serves no KServe v2 gRPC (start it with --grpc-port) "
+                            "and no --grpc-url was given")  # fmt: skip
     if problems:
         raise InputError("; ".join(dict.fromkeys(problems)))
 
 
-async def _warm_up(client: httpx.AsyncClient, requests: list[PreparedRequest], n: int) -> str | None:
+async def _warm_up(client: Client, requests: list[PreparedRequest], n: int) -> str | None:
     """Send n requests one by one; a 413 means the input is larger than the model takes: skip reason."""
+    if not isinstance(client, httpx.AsyncClient):
+        return await client.warm_up(requests, n)
     for request in (requests[i % len(requests)] for i in range(n)):
         try:
             response = await client.post(request.path, content=request.content, headers=request.headers,
@@ -93,7 +127,11 @@ def _progress(plan: SweepPlan) -> bool:
     return sys.stderr.isatty() if plan.progress is None else plan.progress
 
 
-async def run_sweep(plan: SweepPlan, log: Callable[[str], None] | None = None) -> list[Cell]:
+async def run_sweep(
+    plan: SweepPlan, log: Callable[[str], None] | None = None, keep_on_cancel: bool = False
+) -> list[Cell]:
+    """Every cell in order. `keep_on_cancel`: a cancellation (Ctrl-C under asyncio.run) raises `Interrupted`
+    with the finished cells instead of CancelledError; for a caller that owns the event loop (the CLI)."""
     check_plan(plan)
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     headers = {"Authorization": f"Bearer {plan.api_key}"} if plan.api_key else {}
@@ -103,10 +141,15 @@ async def run_sweep(plan: SweepPlan, log: Callable[[str], None] | None = None) -
     limits = httpx.Limits(max_connections=widest + 4, max_keepalive_connections=widest + 4)
     # pool=None: waiting for a connection is client queueing, counted in latency, not an error.
     timeout = httpx.Timeout(plan.timeout_s, pool=None)
-    clients = {
+    clients: dict[str, Client] = {
         url: httpx.AsyncClient(base_url=url, headers=headers, timeout=timeout, limits=limits)
         for url in dict.fromkeys(t.url for t in plan.targets)
     }
+    if "grpc" in plan.routes:
+        from lara_serve.clients.loadtest.grpc_route import GrpcClient
+
+        for grpc_url in dict.fromkeys(t.grpc_url for t in plan.targets if t.grpc_url):
+            clients[f"grpc://{grpc_url}"] = GrpcClient(grpc_url, plan.api_key, plan.timeout_s)
     cells: list[Cell] = []
     total = len(plan.targets) * len(plan.routes) * len(plan.groups) * len(plan.points)
 
@@ -121,7 +164,13 @@ async def run_sweep(plan: SweepPlan, log: Callable[[str], None] | None = None) -
             for group in plan.groups:
                 for target in plan.targets:
                     marks = slow.setdefault((target.label, route), [])
-                    await _sweep_group(plan, clients[target.url], target, route, group, marks, deadline, record)
+                    client = clients[f"grpc://{target.grpc_url}" if route == "grpc" else target.url]
+                    await _sweep_group(plan, client, target, route, group, marks, deadline, record)
+    except asyncio.CancelledError:
+        if not keep_on_cancel:
+            raise
+        # Ctrl-C under asyncio.run cancels this task: keep what finished instead of losing the whole run.
+        raise Interrupted(cells, total) from None
     finally:
         for client in clients.values():
             await client.aclose()
@@ -145,7 +194,7 @@ def _slow_reason(slow: list[_TooSlow], group: InputGroup, point: LoadPoint) -> s
 
 async def _sweep_group(
     plan: SweepPlan,
-    client: httpx.AsyncClient,
+    client: Client,
     target: Target,
     route: Route,
     group: InputGroup,
@@ -160,7 +209,7 @@ async def _sweep_group(
             return f"the sweep's time budget of {plan.budget_s:g} s was spent"
         return _slow_reason(slow, group, point)
 
-    requests = [prepare(route, target.model, p, plan.truncate) for p in group.payloads]
+    requests = [prepare_any(route, target.model, p, plan.truncate) for p in group.payloads]
     too_large = None
     if any(reason_to_skip(point) is None for point in plan.points):  # no warm-up for nothing
         too_large = await _warm_up(client, requests, plan.warmup)
@@ -178,7 +227,7 @@ async def _sweep_group(
 
 async def _one_cell(
     plan: SweepPlan,
-    client: httpx.AsyncClient,
+    client: Client,
     target: Target,
     route: Route,
     group: InputGroup,

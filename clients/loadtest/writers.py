@@ -79,5 +79,7 @@ def format_table(cells: list[Cell]) -> str:
         )
 
     lines = [line(head), line(["-" * w for w in widths]), *(line(r) for r in rows), *skipped, *warned]
-    lines.append("latency: ms from the scheduled send time; queue, infer: server p50 (headers); batch: mean size")
+    lines.append(
+        "latency: ms from the scheduled send time; queue, infer: server p50 (headers, gRPC trailing metadata); batch: mean size"
+    )
     return "\n".join(lines)

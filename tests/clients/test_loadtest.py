@@ -96,8 +96,10 @@ def test_open_loop_and_images_and_files(url: str, tmp_path: Path) -> None:
         Image.new("L", (28, 28), color=40 * i).save(buffer, format="PNG")
         (folder / f"{i}.png").write_bytes(buffer.getvalue())
     out = tmp_path / "out"
+    # A busy machine can slow six requests below 90% of 40/s: that exit status is tested in test_loadtest_keeps.py.
     assert run(url, "--model", "tiny-image", "--files", str(folder), "--rate", "20,40", "--arrival", "constant",
-               "--max-in-flight", "4", "--route", "classify", "--route", "v2-binary", "--out", str(out)) == 0  # fmt: skip
+               "--max-in-flight", "4", "--route", "classify", "--route", "v2-binary", "--out", str(out),
+               "--allow-rate-shortfall") == 0  # fmt: skip
     cells = strict_json(out / "report.json")["cells"]
     assert len(cells) == 4 and {c["input"] for c in cells} == {"files"}
     for c in cells:

@@ -136,7 +136,9 @@ def test_an_always_refused_cell_fails_the_run(url: str, tmp_path: Path, capsys: 
 
 
 def test_offered_rate_is_the_configured_rate(url: str, tmp_path: Path) -> None:
-    assert run(url, "--model", "tiny-text", "--lengths", "32", "--rate", "40", "--out", str(tmp_path)) == 0
+    # Six Poisson arrivals may fall short of 40/s by chance alone: that fails a run (exit 1), not this check.
+    args = ["--model", "tiny-text", "--lengths", "32", "--rate", "40", "--allow-rate-shortfall", "--out", str(tmp_path)]
+    assert run(url, *args) == 0
     (cell,) = report(tmp_path)["cells"]
     assert cell["offered_rps"] == 40.0 and cell["achieved_rps"] > 0 and isinstance(cell["rate_short"], bool)
     assert any("p99 rests on 6 samples" in w for w in cell["warnings"])  # 6 requests: p99 is the max
