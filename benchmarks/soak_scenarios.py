@@ -99,7 +99,7 @@ def scenario_hang_ups(repo: Path, model: str) -> dict[str, Any]:
               "computed_in_total": server.metric("lara_batch_size_sum"),
               "orphaned_in_flight_at_hang_up": server.metric("lara_items_orphaned_total"),
               "dropped_uncomputed": server.metric("lara_items_dropped_total"),
-              "requests_counted_client_disconnected": server.metric(f'lara_requests_total{{model="{model}",outcome="client_disconnected"}}')}  # fmt: skip
+              "requests_counted_client_disconnected": server.metric(f'lara_requests_total{{model="{model}",outcome="client_disconnected",protocol="v1"}}')}  # fmt: skip
     server.stop()
     return result
 

@@ -11,13 +11,14 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.gzip import GZipMiddleware
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from lara_serve.server import openapi
 from lara_serve.server.body_gate import LargeBodyGate
 from lara_serve.server.errors import (
     HTTP_STATUS,
@@ -28,14 +29,19 @@ from lara_serve.server.errors import (
     kind_for_status,
     too_large,
 )
+from lara_serve.server.middleware import CorsMiddleware, DecompressMiddleware, RequestContextMiddleware
 from lara_serve.server.models import ServedModel, load_repository
 from lara_serve.server.routes import compat, docs, explain, info, triton, ui, v1, v2
-from lara_serve.server.routes.common import AppState, ClientWatch, client_watch
-from lara_serve.server.schemas import V1ExplainRequest, V1PredictRequest, V2InferRequest
+from lara_serve.server.routes.common import AppState, ClientWatch, client_watch, require_api_key
 from lara_serve.server.settings import Settings
 
 log = logging.getLogger(__name__)
 SHUTDOWN_BATCH_GRACE_S = 2.0
+GZIP_MIN_BYTES = 1024  # below this a gzip header and a compressor's work buy little
+CORS_ALLOW_HEADERS = ("Authorization", "X-API-Key", "Content-Type", "Content-Encoding", "X-Request-ID",
+                      "Inference-Header-Content-Length")  # fmt: skip
+CORS_EXPOSE_HEADERS = ("X-Request-ID", "X-Total-Time-Ms", "X-Queue-Time-Ms", "X-Inference-Time-Ms", "X-Batch-Size",
+                       "Inference-Header-Content-Length", "Retry-After")  # fmt: skip
 
 
 def create_app(settings: Settings | None = None, models: list[ServedModel] | None = None) -> FastAPI:
@@ -97,14 +103,14 @@ def create_app(settings: Settings | None = None, models: list[ServedModel] | Non
     docs.install(app)
     state.metrics.track_models(lambda: info.served_models(state))
 
-    @app.get("/metrics", tags=["ops"], dependencies=[Depends(info.require_metrics_key)])
+    @app.get("/metrics", tags=["ops"], dependencies=[Depends(info.require_metrics_key)],
+             response_class=PlainTextResponse, summary="Prometheus metrics (text exposition format)")  # fmt: skip
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     _add_error_handlers(app)
-    _add_openapi_components(app)
-    # Outermost first at request time: timing sees everything, the body limit guards every route, and
-    # large bodies within the limit wait for one of max_large_bodies slots.
+    openapi.install(app, key_checks=(require_api_key, info.require_metrics_key))
+    # Innermost at request time: large bodies within the limit wait for one of max_large_bodies slots.
     app.add_middleware(
         LargeBodyGate,
         slots=settings.max_large_bodies,
@@ -113,10 +119,31 @@ def create_app(settings: Settings | None = None, models: list[ServedModel] | Non
         refused=state.metrics.large_bodies_refused.inc,
         respond=lambda e: error_response(e.kind, e.message, e.retry_after_s),
     )
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
-    app.add_middleware(ClientMiddleware, state=state)
-    app.add_middleware(TimingMiddleware)
+    _add_operations_middleware(app, settings)
     return app
+
+
+def _add_operations_middleware(app: FastAPI, settings: Settings) -> None:
+    """Outside the large-body gate, from the inside out: compressed bodies decoded (bounded by
+    max_body_bytes, so the gate and the routes see decoded bytes), the body limit on the bytes as sent,
+    gzip responses, CORS, the client's connection, timing, and outermost the request id for every log line."""
+    respond = lambda e: error_response(e.kind, e.message, e.retry_after_s)  # noqa: E731
+    app.add_middleware(DecompressMiddleware, max_bytes=settings.max_body_bytes, respond=respond)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    if settings.compress_responses:
+        app.add_middleware(GZipMiddleware, minimum_size=GZIP_MIN_BYTES, compresslevel=5)
+    if settings.cors_allow_origins:
+        app.add_middleware(
+            CorsMiddleware,
+            allow_origins=settings.cors_allow_origins,
+            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=list(CORS_ALLOW_HEADERS),
+            expose_headers=list(CORS_EXPOSE_HEADERS),
+            max_age=600,
+        )
+    app.add_middleware(ClientMiddleware, state=app.state.lara)
+    app.add_middleware(TimingMiddleware)
+    app.add_middleware(RequestContextMiddleware, log_access=settings.log_format == "json")
 
 
 async def _start_grpc(app: FastAPI, state: AppState) -> Any:
@@ -175,29 +202,12 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        # Runs outside every middleware (Starlette's ServerErrorMiddleware): the request id comes from the scope.
+        rid = getattr(request.state, "request_id", None)
+        log.exception("unexpected error on %s %s", request.method, request.url.path, extra={"request_id": rid})
         # Sent outside ClientMiddleware, and uvicorn drops the connection after it: say so.
-        return error_response(
-            ErrorKind.BACKEND_FAILURE, f"internal error: {type(exc).__name__}", headers={"Connection": "close"}
-        )
-
-
-def _add_openapi_components(app: FastAPI) -> None:
-    """Routes that parse their body by hand reference these schemas in /docs."""
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            schema = get_openapi(title=app.title, version=app.version, description=app.description,
-                                 routes=app.routes)  # fmt: skip
-            components = schema.setdefault("components", {}).setdefault("schemas", {})
-            for model in (V2InferRequest, V1PredictRequest, V1ExplainRequest):
-                body = model.model_json_schema(ref_template="#/components/schemas/{model}")
-                components.update(body.pop("$defs", {}))
-                components[model.__name__] = body
-            app.openapi_schema = schema
-        return app.openapi_schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
+        headers = {"Connection": "close", **({"X-Request-ID": rid} if rid else {})}
+        return error_response(ErrorKind.BACKEND_FAILURE, f"internal error: {type(exc).__name__}", headers=headers)
 
 
 class BodyLimitMiddleware:

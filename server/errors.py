@@ -16,6 +16,7 @@ class ErrorKind(StrEnum):
     CLIENT_CLOSED = "client_disconnected"  # the client hung up; the answer goes nowhere (499)
     UNAUTHENTICATED = "unauthenticated"
     NOT_FOUND = "not_found"
+    CONFLICT = "conflict"  # the request clashes with the server's state (registering a served model)
     METHOD_NOT_ALLOWED = "method_not_allowed"
     TOO_LARGE = "too_large"
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
@@ -32,6 +33,7 @@ HTTP_STATUS: dict[ErrorKind, int] = {
     ErrorKind.REQUEST_TIMEOUT: 408,
     ErrorKind.NOT_FOUND: 404,
     ErrorKind.METHOD_NOT_ALLOWED: 405,
+    ErrorKind.CONFLICT: 409,
     ErrorKind.TOO_LARGE: 413,
     ErrorKind.UNSUPPORTED_MEDIA_TYPE: 415,
     ErrorKind.INVALID_INPUT: 422,
@@ -51,6 +53,7 @@ GRPC_STATUS: dict[ErrorKind, str] = {
     ErrorKind.REQUEST_TIMEOUT: "DEADLINE_EXCEEDED",
     ErrorKind.NOT_FOUND: "NOT_FOUND",
     ErrorKind.METHOD_NOT_ALLOWED: "UNIMPLEMENTED",
+    ErrorKind.CONFLICT: "ALREADY_EXISTS",
     ErrorKind.TOO_LARGE: "RESOURCE_EXHAUSTED",
     ErrorKind.UNSUPPORTED_MEDIA_TYPE: "INVALID_ARGUMENT",
     ErrorKind.INVALID_INPUT: "INVALID_ARGUMENT",

@@ -1,7 +1,8 @@
 """Raw uploads -> the bytes a model takes: media types, charsets, sniffing, base64 (no HTTP objects here).
 
 A text model takes UTF-8 text, an image model an encoded image file. Clients send them in several
-wrappings: `text/plain; charset=iso-8859-1` (decoded to UTF-8 here), `application/octet-stream` (the
+wrappings: `text/plain; charset=iso-8859-1` (decoded to UTF-8 here; other text-like types such as
+text/html, application/json or message/rfc822 alike), `application/octet-stream` (the
 kind is sniffed from the bytes), a multipart part (its own Content-Type), or a v2 BYTES element holding
 base64 (`parameters.content_type = "base64"`, the convention of KServe's and MLServer's codecs).
 """
@@ -12,7 +13,7 @@ import base64
 import binascii
 import codecs
 
-from lara_serve.server.content_types import ANY_TYPES, IMAGE_TYPES, TEXT_TYPES
+from lara_serve.server.content_types import ANY_TYPES, IMAGE_TYPES, TEXT_LIKE_TYPES, TEXT_TYPES, is_text_like
 from lara_serve.server.errors import ErrorKind, ServeError, invalid
 
 OCTET_STREAM = "application/octet-stream"
@@ -121,11 +122,12 @@ def model_bytes(task: str, model_name: str, data: bytes, content_type: str | Non
                 f"{what} ({media or 'no Content-Type'}) {looks}; {task} model {model_name!r} takes {list(allowed)}",
             )
         return data
-    if media not in allowed:
+    if media not in allowed and not (task == "text" and is_text_like(media)):
+        listed = [*allowed, *TEXT_LIKE_TYPES] if task == "text" else list(allowed)
         raise ServeError(
             ErrorKind.UNSUPPORTED_MEDIA_TYPE,
             f"Content-Type {content_type!r} of {what} not accepted by {task} model {model_name!r}; use one of "
-            f"{[*allowed, *ANY_TYPES]}",
+            f"{[*listed, *ANY_TYPES]}",
         )
     return to_utf8(data, params.get("charset")) if task == "text" else data
 

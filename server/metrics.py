@@ -34,14 +34,14 @@ class Metrics:
         r = self.registry
         self.requests = Counter(
             "lara_requests",
-            "Inference requests by model and outcome (ok or error kind)",
-            ["model", "outcome"],
+            "Inference requests by model, outcome (ok or error kind) and protocol (v1, v2, tei, torchserve, grpc, ...)",
+            ["model", "outcome", "protocol"],
             registry=r,
         )
         self.request_time = Histogram(
             "lara_request_seconds",
             "Wall time of inference requests",
-            ["model"],
+            ["model", "protocol"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
@@ -106,6 +106,13 @@ class Metrics:
         self.nonfinite_outputs = Counter(
             "lara_nonfinite_outputs",
             "Items whose model output held NaN or Inf (answered 500, never as a result)",
+            ["model"],
+            registry=r,
+        )
+        self.out_of_distribution = Counter(
+            "lara_out_of_distribution",
+            "Items answered with in_distribution false (ood_score above the model's ood.threshold): the signal of "
+            "inputs unlike the training data; compare with lara_input_length_count (items computed)",
             ["model"],
             registry=r,
         )
@@ -175,6 +182,10 @@ class ModelObserver:
 
     def nonfinite_outputs(self, count: int) -> None:
         self._metrics.nonfinite_outputs.labels(self._model).inc(count)
+
+    def out_of_distribution(self, count: int) -> None:
+        if count:
+            self._metrics.out_of_distribution.labels(self._model).inc(count)
 
 
 def server_version() -> str:

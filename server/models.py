@@ -6,7 +6,7 @@ import asyncio
 import io
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ from lara_serve.server.repository import (
     RepositoryError,
     TextPreprocessing,
     discover,
-    read_config,
+    served_config,
 )
 from lara_serve.server.settings import Settings
 
@@ -56,6 +56,7 @@ class ServedModel:
         self.backend = backend
         self.batcher: Batcher[Item, Scored] = Batcher(config.name, self._run_batch, policy, observer)
         self.decode_budget: DecodeBudget | None = None  # shared by the app's models (lara_serve.server.app)
+        self.max_input_bytes = config.max_input_bytes  # _load_one tightens it to settings.max_input_bytes
         self.observer = observer
 
     @property
@@ -99,6 +100,8 @@ class ServedModel:
                 raise ServeError(ErrorKind.TIMEOUT, f"request waited longer than request_timeout_s={timeout_s:g} s")
             results = list(await asyncio.gather(*futures))
             self._refuse_nonfinite(results)
+            if isinstance(self.observer, ModelObserver):
+                self.observer.out_of_distribution(sum(r.value.in_distribution is False for r in results))
             return results
         finally:
             for future in futures:  # no-op for finished ones; the batcher skips the others
@@ -145,6 +148,7 @@ class ServedModel:
         at a time per request, so a client that leaves stops its decoding at the next image and a request
         of many files cannot queue ahead of everyone; texts over `off_loop_bytes` in all are checked in a
         thread (UTF-8 validation of 16 MB takes tens of ms)."""
+        self._refuse_oversized(raw)
         loop = asyncio.get_running_loop()
         if self.config.task == "image":
             executor = self.decode_budget.executor if self.decode_budget is not None else None
@@ -157,6 +161,19 @@ class ServedModel:
         if sum(map(len, raw)) > off_loop_bytes:
             return await asyncio.to_thread(lambda: [self.item_from_bytes(d, truncate, max_image_pixels) for d in raw])
         return [self.item_from_bytes(data, truncate, max_image_pixels) for data in raw]
+
+    def _refuse_oversized(self, raw: Sequence[bytes]) -> None:
+        """413 before any decoding: a long document's memory grows with its bytes, whatever truncate says."""
+        limit = self.max_input_bytes
+        sizes = [len(data) for data in raw]
+        if limit is None or max(sizes, default=0) <= limit:
+            return
+        index = next(i for i, n in enumerate(sizes) if n > limit)
+        raise ServeError(
+            ErrorKind.TOO_LARGE,
+            f"input {index} is {sizes[index]} bytes; model {self.name!r} accepts at most max_input_bytes={limit} "
+            "(config.json's max_input_bytes and the server's --max-input-bytes; the smaller applies)",
+        )
 
     def check(self) -> None:
         """One smallest item through the whole path: the model must load, run, and answer one finite row
@@ -233,6 +250,8 @@ class ServedModel:
         if isinstance(prep, TextPreprocessing):
             out["max_length"] = prep.max_length
             out["truncation_sides"] = list(TRUNCATION_SIDES)
+        if self.max_input_bytes is not None:
+            out["max_input_bytes"] = self.max_input_bytes
         return out
 
     async def stop(self, grace_s: float = 30.0) -> None:
@@ -330,10 +349,21 @@ def load_repository(
     return models, failed
 
 
+# Request parameters of the Open Inference Protocol this server does not implement: refused, never ignored.
+UNSUPPORTED_PARAMETERS = {
+    "priority": "requests are served in arrival order within length buckets; there are no priority levels",
+}
+
+
+def refuse_unsupported(parameters: Mapping[str, Any] | None) -> None:
+    """A 400 naming the parameter and why, so a client relying on it learns at once that it has no effect."""
+    for key, why in UNSUPPORTED_PARAMETERS.items():
+        if parameters and key in parameters:
+            raise ServeError(ErrorKind.MALFORMED, f"parameter {key!r} is not supported: {why}; remove it")
+
+
 def _load_one(name: str, model_dir: Path, settings: Settings, metrics: Metrics | None) -> ServedModel:
-    config = read_config(model_dir)
-    if config.name != name:
-        raise RepositoryError(f"{model_dir}/config.json names the model {config.name!r}, not {name!r}")
+    config = served_config(name, model_dir)
     kind = settings.backend_for(name)
     if kind == "torch" and settings.keep_freed_memory:
         from lara_serve.server.backends.allocator import keep_freed_memory
@@ -345,6 +375,8 @@ def _load_one(name: str, model_dir: Path, settings: Settings, metrics: Metrics |
     )  # fmt: skip
     observer = metrics.observer(name) if metrics is not None else None
     model = ServedModel(config, backend, policy_from(settings), observer)
+    caps = [n for n in (config.max_input_bytes, settings.max_input_bytes) if n]
+    model.max_input_bytes = min(caps) if caps else None
     try:
         model.check()
         if settings.warmup:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 ONNX_FILE = "model.onnx"
 TORCH_FILE = "model.safetensors"
+TRITON_CONFIG = "config.pbtxt"  # a Triton repository's model config; LARA Serve reads config.json instead
 OOD_OUTPUT = "ood_score"  # optional second output: [batch] FP32, higher = less like the training data
 
 
@@ -44,6 +45,13 @@ class ImagePreprocessing(BaseModel):
     channels: Literal[1, 3] = 1  # 1: grayscale (L), 3: RGB
     mean: float = 0.0
     std: float = Field(1.0, gt=0.0)
+    # Preparation of a user's image into the training convention (server.preprocess.prepare_image). Each
+    # step is off when its key is absent, so a model whose config.json predates them is served as before.
+    background: int = Field(0, ge=0, le=255)  # grey level of the training images' background
+    composite_alpha: bool = False  # transparent pixels become `background` (else Pillow drops alpha)
+    invert_light_background: bool = False  # a border on the other side of mid-grey is inverted
+    keep_aspect_ratio: bool = False  # fit inside height x width, pad with `background` (else stretch)
+    trim_margins: bool = False  # background beyond the model's aspect ratio around the object is cut first
 
 
 class ModelConfig(BaseModel):
@@ -58,6 +66,9 @@ class ModelConfig(BaseModel):
     inputs: list[TensorSpec] = Field(min_length=1)
     outputs: list[TensorSpec] = Field(min_length=1)
     preprocessing: Annotated[TextPreprocessing | ImagePreprocessing, Field(discriminator="kind")]
+    # Largest input (one text or image file, in bytes) this model takes, refused with 413 before decoding:
+    # the memory a long document costs grows with its length (docs/deploy.md). None: no cap of its own.
+    max_input_bytes: int | None = Field(None, gt=0)
 
     @property
     def vocab_size(self) -> int:
@@ -112,12 +123,106 @@ def _check_ood(path: Path, config: ModelConfig) -> None:
 
 def discover(repository: Path, names: list[str] | None = None) -> dict[str, Path]:
     """Model name -> model folder, for every folder holding a config.json (or only `names`)."""
-    found = {p.parent.name: p.parent for p in sorted(repository.glob("*/config.json"))}
+    try:
+        folders = sorted(p for p in repository.iterdir() if p.is_dir())
+    except OSError as exc:  # glob() would silently find nothing in a folder it cannot list
+        raise RepositoryError(f"cannot read model_repository {str(repository)!r}: {exc.strerror or exc}") from None
+    found = {p.name: p for p in folders if (p / "config.json").is_file()}
+    triton = sorted(p.name for p in folders if p.name not in found and (p / TRITON_CONFIG).is_file())
+    hint = (
+        f"; {triton} have Triton's {TRITON_CONFIG} but no config.json, which LARA Serve reads (written by "
+        "model_export's export next to model.onnx)"
+        if triton
+        else ""
+    )
     if names:
         missing = [n for n in names if n not in found]
         if missing:
-            raise RepositoryError(f"models {missing} not in {repository} (it has {sorted(found)})")
+            raise RepositoryError(f"models {missing} not in {repository} (it has {sorted(found)}){hint}")
         found = {n: found[n] for n in names}
     if not found:
-        raise RepositoryError(f"no model (folder with config.json) in {repository}")
+        raise RepositoryError(f"no model (folder with config.json) in {repository}{hint}")
     return found
+
+
+def served_version(model_dir: Path, config: ModelConfig) -> ModelConfig:
+    """`config` with `version` set to the version folder its version_policy serves (Triton's rules).
+
+    No version_policy: Triton's default, the highest numeric folder (`latest`, num_versions 1); a
+    repository without numeric folders keeps config.json's `version` as before. One version per model is
+    served: a policy that selects more is refused here, at start-up.
+    """
+    path = model_dir / "config.json"
+    numeric = sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdecimal())
+    policy = (config.model_extra or {}).get("version_policy")
+    if policy is None and not numeric:
+        return config
+    chosen = _select_versions(path, policy if policy is not None else {"latest": {"num_versions": 1}}, numeric)
+    if not chosen:
+        raise RepositoryError(
+            f"{path}: version_policy {json.dumps(policy)} selects no version folder; it has {numeric}"
+        )
+    if len(chosen) > 1:
+        raise RepositoryError(
+            f"{path}: version_policy {json.dumps(policy)} selects versions {chosen}; one version per model is served "
+            'here: use {"latest": {"num_versions": 1}} or {"specific": {"versions": [N]}}'
+        )
+    return config.model_copy(update={"version": str(chosen[0])})
+
+
+def _select_versions(path: Path, policy: object, numeric: list[int]) -> list[int]:
+    allowed = '{"latest": {"num_versions": N}}, {"all": {}} or {"specific": {"versions": [N, ...]}}'
+    if not isinstance(policy, dict) or len(policy) != 1 or next(iter(policy)) not in ("latest", "all", "specific"):
+        raise RepositoryError(f"{path}: version_policy must be one of {allowed}, got {json.dumps(policy)}")
+    kind, body = next(iter(policy.items()))
+    body = body if isinstance(body, dict) else {}
+    if kind == "all":
+        return numeric
+    if kind == "latest":
+        count = body.get("num_versions", 1)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise RepositoryError(f"{path}: version_policy latest.num_versions must be an integer >= 1, got {count!r}")
+        return numeric[-count:]
+    versions = body.get("versions")
+    if not isinstance(versions, list) or not versions or not all(_is_version(v) for v in versions):
+        raise RepositoryError(
+            f"{path}: version_policy specific.versions must be a list of version numbers, got {versions!r}"
+        )
+    wanted = sorted({int(v) for v in versions})
+    absent = [v for v in wanted if v not in numeric]
+    if absent:
+        raise RepositoryError(f"{path}: version_policy names versions {absent} that have no folder; it has {numeric}")
+    return wanted
+
+
+def _is_version(value: object) -> bool:
+    return (isinstance(value, int) and not isinstance(value, bool) and value >= 0) or (
+        isinstance(value, str) and value.isdecimal()
+    )
+
+
+def served_config(name: str, model_dir: Path) -> ModelConfig:
+    """config.json, checked, with the version its version_policy serves (served_version)."""
+    config = read_config(model_dir)
+    if config.name != name:
+        raise RepositoryError(f"{model_dir}/config.json names the model {config.name!r}, not {name!r}")
+    return served_version(model_dir, config)
+
+
+def check_repository(repository: Path, names: list[str] | None = None, strict: bool = False) -> None:
+    """Before any model loads: the named models exist and their config.json and version folders are usable.
+
+    Raises RepositoryError (start-up: one line, exit 2) for an unreadable repository, an unknown name, or an
+    unusable config when `strict` (strict_models) or no model would be left; otherwise such a model is left
+    for lara_serve.server.models.load_repository to report as failed, as it always was, and the others serve.
+    """
+    found = discover(repository, names)
+    problems: list[str] = []
+    for name, model_dir in found.items():
+        try:
+            served_config(name, Path(model_dir))
+        except RepositoryError as exc:
+            problems.append(" ".join(str(exc).split()))
+    if problems and (strict or len(problems) == len(found)):
+        more = f" (and {len(problems) - 1} more model(s) with config problems)" if len(problems) > 1 else ""
+        raise RepositoryError(problems[0] + more)

@@ -121,6 +121,7 @@ class V1Parameters(_Body):
         "head+tail half of each",
     )
     top_k: int | None = Field(None, ge=1, description="Labels in top_k (default: server's default_top_k)")
+    priority: int | None = Field(None, description="Not supported: a request that sets it is refused with 400")
 
 
 class V1PredictRequest(_Body):

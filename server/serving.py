@@ -273,5 +273,10 @@ def build_server(app: Any, state: AppState) -> DrainingServer:
         backlog=backlog,
         timeout_keep_alive=settings.keep_alive_timeout_s,  # type: ignore[arg-type]
         timeout_graceful_shutdown=int(SHUTDOWN_BACKSTOP_S),
+        ssl_certfile=settings.ssl_certfile,
+        ssl_keyfile=settings.ssl_keyfile,
+        # json: uvicorn's loggers go through the root handler (lara_serve.server.log_format), and the app
+        # writes the access lines, with the request id and duration that uvicorn's lack.
+        **({"log_config": None, "access_log": False} if settings.log_format == "json" else {}),
     )
     return DrainingServer(config, state)

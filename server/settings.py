@@ -103,6 +103,14 @@ class Settings(BaseSettings):
         "passage costs one more model run of about the text's length.",
     )
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="Largest request body; larger ones get 413.")
+    max_input_bytes: int = Field(
+        0,
+        ge=0,
+        description="Largest input (one text or image file) in bytes, for every model; larger ones get 413 before "
+        "decoding. A model's config.json may set its own max_input_bytes; the smaller applies. Bounds a long "
+        "document's memory (onnxruntime holds several KB per byte of text: size a pod's memory limit with "
+        "docs/deploy.md). 0: no server-wide cap (the body size and each model's max_length still apply).",
+    )
     max_image_pixels: int = Field(
         4096 * 4096, ge=1, description="Largest decoded image (width x height); larger ones get 413."
     )
@@ -177,7 +185,8 @@ class Settings(BaseSettings):
     )
     strict_models: bool = Field(
         False,
-        description="true: any model that fails to load stops start-up (exit 1). false: it is reported "
+        description="true: any model that fails to load stops start-up (exit 1; an unusable config.json or "
+        "version folder is found before loading: exit 2, docs/serving.md). false: it is reported "
         "(log, /v2/models/<name>/ready 503 with the reason, lara_model_ready 0) and the others serve.",
     )
     default_top_k: int = Field(5, ge=1, description="Labels returned in v1 `top_k` unless asked otherwise.")
@@ -234,8 +243,29 @@ class Settings(BaseSettings):
     )
     tei_model: str | None = Field(
         None,
-        description="Model that TEI's POST /predict serves when the request names none (?model=). Unset: the "
-        "only text model, if exactly one is served.",
+        description="Model that TEI's /predict, POST / and /invocations serve when the request names none "
+        "(?model=), and /info's model_id. Unset: the first text model in repository (folder name) order.",
+    )
+    ssl_certfile: Path | None = Field(
+        None,
+        description="PEM certificate (chain) to serve HTTPS and gRPC over TLS with; needs ssl_keyfile. Unset: "
+        "plain HTTP and gRPC (terminate TLS in front, e.g. at an ingress, or on a trusted network).",
+    )
+    ssl_keyfile: Path | None = Field(None, description="PEM private key of ssl_certfile.")
+    cors_allow_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated origins (e.g. `https://app.example.com`) whose browser pages may call the "
+        "API; `*` allows any. Empty (default): no CORS headers, so browsers only allow same-origin pages.",
+    )
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        description="text: lines for people. json: one JSON object per line (time, level, message, request_id; "
+        "access lines add method, path, status, duration_ms) for a log pipeline.",
+    )
+    compress_responses: bool = Field(
+        True,
+        description="gzip responses of 1 KiB or more to clients that send `Accept-Encoding: gzip`: less "
+        "network, a little CPU (level 5). Off: responses are never compressed.",
     )
 
     @model_validator(mode="before")
@@ -260,6 +290,13 @@ class Settings(BaseSettings):
     def _split_models(cls, value: object) -> object:
         if isinstance(value, str):
             return [name.strip() for name in value.split(",") if name.strip()]
+        return value
+
+    @field_validator("cors_allow_origins", mode="before")
+    @classmethod
+    def _split_origins(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [origin.strip().rstrip("/") for origin in value.split(",") if origin.strip()]
         return value
 
     @field_validator("model_backends", mode="before")
@@ -304,6 +341,13 @@ class Settings(BaseSettings):
             raise ValueError(f"metrics_port ({self.metrics_port}) must differ from port ({self.port})")
         if self.grpc_port and self.grpc_port in (self.port, self.metrics_port):
             raise ValueError(f"grpc_port ({self.grpc_port}) must differ from port and metrics_port")
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ValueError(
+                "set both ssl_certfile and ssl_keyfile (TLS needs the certificate and its key), or neither"
+            )
+        for tls_file in (self.ssl_certfile, self.ssl_keyfile):
+            if tls_file is not None and not tls_file.is_file():
+                raise ValueError(f"TLS file {tls_file.name!r} does not exist or is not a file")
         if self.max_decode_pixels < self.max_image_pixels:
             raise ValueError(
                 f"max_decode_pixels ({self.max_decode_pixels}) must be >= max_image_pixels "

@@ -10,6 +10,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import IO
 
 import httpx
 
@@ -20,6 +21,25 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float, log: IO[bytes] | None = None) -> None:
+    """Poll `url`/v2/health/ready until it answers 200; RuntimeError (with the log's tail) if `proc` exits or
+    `timeout_s` passes first."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            tail = ""
+            if log is not None:
+                log.seek(0)
+                tail = log.read().decode(errors="replace")[-3000:]
+            raise RuntimeError(f"server did not become ready: {tail}")
+        try:
+            if httpx.get(f"{url}/v2/health/ready", timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+
+
 @contextmanager
 def server_process(
     args: Sequence[str] = (),
@@ -28,6 +48,7 @@ def server_process(
     new_session: bool = False,
     python: str = sys.executable,
     cwd: str | None = None,
+    command: Sequence[str] | None = None,
 ) -> Iterator[str]:
     """`python -m lara_serve.server ARGS` on 127.0.0.1:<free port>; yields its base URL once /v2/health/ready is 200.
 
@@ -35,9 +56,11 @@ def server_process(
     processes by session for CPU shares (Linux autogroup), a server in the caller's session competes with
     the caller (a load generator, other jobs) for ONE share; benchmarks that set a peer apart must do the same.
     `python`, `cwd`: another environment's interpreter (an install under test), run from another folder.
+    `command`: the program to start instead of `python -m lara_serve.server` (e.g. an install's `lara-serve`).
     """
     port = free_port()
-    cmd = [python, "-m", "lara_serve.server", "--host", "127.0.0.1", "--port", str(port), *args]
+    program = list(command) if command is not None else [python, "-m", "lara_serve.server"]
+    cmd = [*program, "--host", "127.0.0.1", "--port", str(port), *args]
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(
             cmd,
@@ -49,17 +72,7 @@ def server_process(
         )
         url = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + timeout_s
-            while True:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    log.seek(0)
-                    raise RuntimeError(f"server did not become ready: {log.read().decode()[-3000:]}")
-                try:
-                    if httpx.get(f"{url}/v2/health/ready", timeout=1.0).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.1)
+            wait_ready(url, proc, timeout_s, log)
             yield url
         finally:
             proc.terminate()

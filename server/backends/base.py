@@ -4,6 +4,7 @@ checks that a batch's outputs have the shapes config.json declares."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal, Protocol
 
 import numpy as np
@@ -35,6 +36,30 @@ class Backend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class BackendBase:
+    """The path the onnxruntime and torch backends share: where the model's artifacts are, its inputs in
+    config.json's order, `run` as the logits of `run_outputs`, and the shape checks of every batch."""
+
+    name: str
+
+    def __init__(self, model_dir: Path, config: ModelConfig, device: Device) -> None:
+        self.model_dir, self.device, self._config = model_dir, device, config
+        self._input_names = [spec.name for spec in config.inputs]
+
+    def artifact(self, file: str) -> Path:
+        """`<model>/<served version>/<file>` (the version its version_policy chose)."""
+        return self.model_dir / self._config.version / file
+
+    def run(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        return self.run_outputs(inputs).logits
+
+    def run_outputs(self, inputs: dict[str, np.ndarray]) -> ModelOutputs:
+        raise NotImplementedError
+
+    def _checked(self, logits: np.ndarray, ood_score: np.ndarray | None, batch: int) -> ModelOutputs:
+        return check_outputs(logits, ood_score, batch, self._config)
 
 
 class BackendUnavailable(RuntimeError):

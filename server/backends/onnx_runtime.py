@@ -9,28 +9,40 @@ torch forward (lara_serve.model_export.models.long_forward: the residual stream 
 slices): onnxruntime holds ~7.6 KB per token of such a document where ~2.7 KB is live (research.memory_per_byte;
 8 GB at 1 MiB), the sliced forward ~1.7 KB. Each row takes its path by its own length, never by its batch's,
 so a document's answer does not depend on what it was batched with.
+
+Without torch (the image), documents over LONG_TOKENS run on a second session without onnxruntime's arena
+and memory patterns, one at a time over all models, and the heap is trimmed after each: the process returns
+to its idle size instead of keeping the peak (7.3 GB at 1 MiB; docs/deploy.md, benchmarks/memory_one_mib.py).
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from lara_serve.server.backends.allocator import trim_freed_memory
 from lara_serve.server.backends.base import (
     Backend,
+    BackendBase,
     BackendUnavailable,
     Device,
     ModelOutputs,
     OrtAttention,
-    check_outputs,
 )
 from lara_serve.server.repository import ONNX_FILE, OOD_OUTPUT, TORCH_FILE, ModelConfig
 
 # lara_serve.model_export.models.long_forward.LONG_FROM: from here on the torch forward runs on slices (kept equal by a test).
 LONG_TOKENS = 65536
+
+# One document over LONG_TOKENS runs at a time in the process, over all models (each has its own batcher
+# thread): the memory a pod needs is then one long document's peak, not one per text model (docs/deploy.md).
+_LONG_AT_ONCE = threading.Semaphore(1)
 
 # onnxruntime's session config keys for busy-waiting worker threads (onnxruntime_session_options_config_keys.h).
 SPIN_KEYS = ("session.intra_op.allow_spinning", "session.inter_op.allow_spinning")
@@ -53,7 +65,7 @@ def not_supported_reasons(model_dir: Path, config: ModelConfig, device: Device) 
     return reasons
 
 
-class OnnxRuntimeBackend:
+class OnnxRuntimeBackend(BackendBase):
     name = "onnxruntime"
 
     def __init__(
@@ -65,30 +77,31 @@ class OnnxRuntimeBackend:
         attention: OrtAttention = "auto",
         spinning: bool = False,
         long_via_torch: bool = True,
+        lean_long: bool = True,
     ) -> None:
         reasons = not_supported_reasons(model_dir, config, device)
         if reasons:
             raise BackendUnavailable(f"onnxruntime cannot serve {config.name!r}: " + "; ".join(reasons))
         import onnxruntime as ort
 
-        options = ort.SessionOptions()
-        if num_threads:
-            options.intra_op_num_threads = num_threads
-        # One batch runs at a time per model (the batcher's worker thread): no inter-op parallelism.
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        # Spinning keeps each idle intra-op thread busy-waiting after every parallel section, so a request
-        # burned about twice its compute in CPU time (settings.ort_spinning): cores the event loop, the other
-        # models and everything else on the machine need.
-        for key in SPIN_KEYS:
-            options.add_session_config_entry(key, "1" if spinning else "0")
-        self.attention_kernel = "body"
-        if device == "cpu" and attention != "body":
-            self.attention_kernel = _fused_or_body(options, attention)
+        super().__init__(model_dir, config, device)
+
+        def session(arena: bool) -> Any:
+            options, kernel = _session_options(ort, device, num_threads, attention, spinning)
+            if not arena:
+                options.enable_cpu_mem_arena = False
+                options.enable_mem_pattern = False
+            self.attention_kernel = kernel
+            return ort.InferenceSession(str(path), sess_options=options, providers=providers)
+
         providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
-        path = model_dir / config.version / ONNX_FILE
-        self.session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
-        self.device = device
-        self._config = config
+        path = self.artifact(ONNX_FILE)
+        self.session = session(arena=True)
+        # Documents over LONG_TOKENS on the CPU: a second session without the arena and memory patterns, made
+        # at the first one; the arena would keep a long document's peak for the life of the process, and the
+        # pattern planner allocates every activation of the graph at once (benchmarks/memory_one_mib.py).
+        lean = lean_long and device == "cpu" and config.task == "text"
+        self._lean_session = _Lazy(lambda: session(arena=False)) if lean else None
         self._input_names = [i.name for i in self.session.get_inputs()]
         declared = [spec.name for spec in config.inputs]
         if sorted(self._input_names) != sorted(declared):
@@ -106,9 +119,6 @@ class OnnxRuntimeBackend:
         handoff = long_via_torch and device == "cpu" and config.task == "text" and "attention_mask" in declared
         self._long = _TorchForLong(model_dir, config, num_threads) if handoff else None
 
-    def run(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
-        return self.run_outputs(inputs).logits
-
     def run_outputs(self, inputs: dict[str, np.ndarray]) -> ModelOutputs:
         if self._long is not None:
             lengths = inputs["attention_mask"].sum(1)
@@ -117,9 +127,16 @@ class OnnxRuntimeBackend:
         return self._run_ort(inputs)
 
     def _run_ort(self, inputs: dict[str, np.ndarray]) -> ModelOutputs:
-        batch = next(iter(inputs.values())).shape[0]
-        outs = self.session.run(self._output_names, {name: inputs[name] for name in self._input_names})
-        return check_outputs(outs[0], outs[1] if len(outs) > 1 else None, batch, self._config)
+        batch, width = next(iter(inputs.values())).shape[:2]
+        long = self._lean_session is not None and width > LONG_TOKENS
+        session = self._lean_session.get() if long and self._lean_session is not None else self.session
+        with _LONG_AT_ONCE if long else contextlib.nullcontext():
+            try:
+                outs = session.run(self._output_names, {name: inputs[name] for name in self._input_names})
+            finally:
+                if long:  # glibc keeps freed blocks in its heap; a trim returns the document's memory now
+                    trim_freed_memory()
+        return self._checked(outs[0], outs[1] if len(outs) > 1 else None, batch)
 
     def _split(self, inputs: dict[str, np.ndarray], lengths: np.ndarray, torch_backend: Backend) -> ModelOutputs:
         """Rows longer than LONG_TOKENS through torch, the rest through onnxruntime, each group cut to its own
@@ -135,10 +152,12 @@ class OnnxRuntimeBackend:
             logits[rows] = part.logits
             if ood is not None and part.ood_score is not None:
                 ood[rows] = part.ood_score
-        return check_outputs(logits, ood, len(lengths), self._config)
+        return self._checked(logits, ood, len(lengths))
 
     def close(self) -> None:
         del self.session
+        if self._lean_session is not None:
+            self._lean_session.value = None
         if self._long is not None:
             self._long.close()
 
@@ -177,6 +196,38 @@ class _TorchForLong:
     def close(self) -> None:
         if self._backend is not None:
             self._backend.close()
+
+
+class _Lazy:
+    """A value made at its first use (a session only documents over LONG_TOKENS need)."""
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self._make, self.value = make, None
+
+    def get(self) -> Any:
+        if self.value is None:
+            self.value = self._make()
+        return self.value
+
+
+def _session_options(
+    ort: Any, device: Device, num_threads: int, attention: OrtAttention, spinning: bool
+) -> tuple[Any, str]:
+    """SessionOptions and how LaraAttention runs on them ("fused" or "body")."""
+    options = ort.SessionOptions()
+    if num_threads:
+        options.intra_op_num_threads = num_threads
+    # One batch runs at a time per model (the batcher's worker thread): no inter-op parallelism.
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    # Spinning keeps each idle intra-op thread busy-waiting after every parallel section, so a request
+    # burned about twice its compute in CPU time (settings.ort_spinning): cores the event loop, the other
+    # models and everything else on the machine need.
+    for key in SPIN_KEYS:
+        options.add_session_config_entry(key, "1" if spinning else "0")
+    kernel = "body"
+    if device == "cpu" and attention != "body":
+        kernel = _fused_or_body(options, attention)
+    return options, kernel
 
 
 def _fused_or_body(options: object, attention: OrtAttention) -> str:

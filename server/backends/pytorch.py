@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from lara_serve.server.backends.base import BackendUnavailable, Device, ModelOutputs, check_outputs
+from lara_serve.server.backends.base import BackendBase, BackendUnavailable, Device, ModelOutputs
 from lara_serve.server.repository import OOD_OUTPUT, TORCH_FILE, ModelConfig
 
 Loader = Callable[[Path], Any]
@@ -35,7 +35,7 @@ def default_loader() -> Loader:
     return load_pretrained
 
 
-class TorchBackend:
+class TorchBackend(BackendBase):
     name = "torch"
 
     def __init__(
@@ -48,22 +48,17 @@ class TorchBackend:
     ) -> None:
         import torch
 
+        super().__init__(model_dir, config, device)
         if device == "cuda" and not torch.cuda.is_available():
             raise BackendUnavailable(f"device=cuda but torch {torch.__version__} sees no CUDA device")
-        weights = model_dir / config.version / TORCH_FILE
+        weights = self.artifact(TORCH_FILE)
         if loader is None and not weights.is_file():
             raise BackendUnavailable(f"torch cannot serve {config.name!r}: {weights} does not exist")
         if num_threads:
             torch.set_num_threads(num_threads)
         module = (loader or default_loader())(model_dir)
         self.module = module.eval().to(device)
-        self.device = device
-        self._config = config
         self._torch = torch
-        self._input_names = [spec.name for spec in config.inputs]
-
-    def run(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
-        return self.run_outputs(inputs).logits
 
     def run_outputs(self, inputs: dict[str, np.ndarray]) -> ModelOutputs:
         torch = self._torch
@@ -73,7 +68,7 @@ class TorchBackend:
             out = self.module(*args)
         logits, ood = _split_outputs(out)
         ood_np = ood.float().cpu().numpy() if ood is not None else None
-        return check_outputs(logits.float().cpu().numpy(), ood_np, args[0].shape[0], self._config)
+        return self._checked(logits.float().cpu().numpy(), ood_np, args[0].shape[0])
 
     def close(self) -> None:
         del self.module

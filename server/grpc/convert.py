@@ -6,7 +6,6 @@ does, and the same answer becomes a ModelInferResponse with every output in raw_
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import numpy as np
@@ -38,6 +37,18 @@ def parameter_value(p: pb.InferParameter | pb.ModelRepositoryParameter) -> Any:
     """One parameter as the JSON value HTTP would carry (bool, int, str, float or bytes)."""
     choice = p.WhichOneof("parameter_choice")
     return None if choice is None else getattr(p, choice)
+
+
+def set_parameter(p: pb.InferParameter, key: str, value: Any) -> None:
+    """A v2 parameter is a scalar: bool, int or str get their typed field (never a string of JSON)."""
+    if isinstance(value, bool):  # before int: a bool is an int in Python
+        p.bool_param = value
+    elif isinstance(value, int):
+        p.int64_param = value
+    elif isinstance(value, str):
+        p.string_param = value
+    else:
+        raise TypeError(f"response parameter {key!r} must be a bool, int or str (v2 parameters are scalars)")
 
 
 def parameters(params: Any) -> dict[str, Any]:
@@ -74,8 +85,8 @@ def infer_response(answer: InferAnswer, selected: list[tuple[str, str, np.ndarra
     response = pb.ModelInferResponse(
         model_name=header["model_name"], model_version=header["model_version"], id=header.get("id", "")
     )
-    for key, value in header.get("parameters", {}).items():  # e.g. truncated: one bool per item, as JSON
-        response.parameters[key].string_param = json.dumps(value)
+    for key, value in header.get("parameters", {}).items():  # truncated (bool), truncated_count (int)
+        set_parameter(response.parameters[key], key, value)
     for name, datatype, array, _ in selected:
         response.outputs.add(name=name, datatype=datatype, shape=list(array.shape))
         response.raw_output_contents.append(tensor_bytes(datatype, array))

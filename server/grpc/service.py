@@ -3,7 +3,9 @@
 Every RPC is registered with raw bytes in, so a message that does not parse is INVALID_ARGUMENT with a
 message (not grpc's generic INTERNAL); then the API key, then the same calls the HTTP routes make, and
 ServeError kinds become gRPC codes through lara_serve.server.errors.GRPC_STATUS. Not served (UNIMPLEMENTED): the
-streaming ModelStreamInfer, shared memory, trace and log settings.
+streaming ModelStreamInfer, shared memory, trace and log settings. Beside it on the same port:
+grpc.health.v1 (lara_serve.server.grpc.health), server reflection (.reflection) and one access-log line
+per call (.access).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from lara_serve.server.errors import GRPC_STATUS, ErrorKind, ServeError, clean_message
 from lara_serve.server.grpc import convert
+from lara_serve.server.grpc.access import AccessLog, note_model
 from lara_serve.server.routes import triton, v2
 from lara_serve.server.routes.common import AppState, timing_headers, track
 
@@ -46,9 +49,11 @@ class InferenceService:
         try:
             self.state.model(request.name, request.version or None)
         except ServeError as exc:
-            if exc.kind is not ErrorKind.NOT_READY:
+            if exc.kind not in (ErrorKind.NOT_READY, ErrorKind.NOT_FOUND):
                 raise
-            return pb.ModelReadyResponse(ready=False)  # loading, draining, unloaded or failed
+            # Loading, draining, unloaded, failed, or no such model or version: Triton answers ready=false
+            # too, so `while not client.is_model_ready(m)` loops wait instead of crashing.
+            return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=True)
 
     async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Any) -> pb.ServerMetadataResponse:
@@ -149,6 +154,7 @@ class _Handler(grpc.GenericRpcHandler):
                     request = request_type.FromString(raw)
                 except DecodeError:
                     raise ServeError(ErrorKind.MALFORMED, f"the {name} request is not a valid {name}Request") from None
+                note_model(getattr(request, "model_name", "") or getattr(request, "name", ""))
                 if name not in _PUBLIC:
                     self._service.check_key(context)
                 return await rpc(request, context)
@@ -169,10 +175,36 @@ def build_server(state: AppState, app_state: Any) -> grpc.aio.Server:
     settings = state.settings
     limit = settings.grpc_max_message_bytes
     server = grpc.aio.server(
-        options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)]
+        options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)],
+        interceptors=[AccessLog()],
     )
     server.add_generic_rpc_handlers((_Handler(InferenceService(state, app_state)),))
+    _add_tooling(server, state)
     address = f"{settings.host}:{settings.grpc_port}"
-    if server.add_insecure_port(address) == 0:
+    if settings.ssl_certfile is not None and settings.ssl_keyfile is not None:  # TLS as on the HTTP port
+        pair = (settings.ssl_keyfile.read_bytes(), settings.ssl_certfile.read_bytes())
+        bound = server.add_secure_port(address, grpc.ssl_server_credentials([pair]))
+    else:
+        bound = server.add_insecure_port(address)
+    if bound == 0:
         raise RuntimeError(f"cannot listen for gRPC on {address}")
     return server
+
+
+def _add_tooling(server: grpc.aio.Server, state: AppState) -> None:
+    """grpc.health.v1 and reflection come with the `grpc` extra; an environment installed before they joined
+    it still serves KServe v2, and says what is missing."""
+    listed = [SERVICE]
+    try:
+        from lara_serve.server.grpc.health import SERVICE_NAME, add_health
+
+        add_health(server, state, frozenset({"", SERVICE}))
+        listed.append(SERVICE_NAME)
+    except ImportError as exc:
+        log.warning("gRPC health checking is off (%s): pip install 'lara-serve[grpc]'", exc)
+    try:
+        from lara_serve.server.grpc.reflection import add_reflection
+
+        add_reflection(server, listed)
+    except ImportError as exc:
+        log.warning("gRPC server reflection is off (%s): pip install 'lara-serve[grpc]'", exc)

@@ -16,6 +16,7 @@ import numpy as np
 from fastapi import Depends, Request
 from starlette.requests import ClientDisconnect
 
+from lara_serve.server import request_context
 from lara_serve.server.batcher import BatchResult
 from lara_serve.server.errors import ErrorKind, ServeError
 from lara_serve.server.inputs import model_bytes
@@ -164,8 +165,9 @@ def track(state: AppState, model: str) -> Iterator[None]:
         known = model in state.registry.models or model in state.registry.failed
         label = model if known else "_unknown"
         wall_s = time.perf_counter() - start
-        state.metrics.requests.labels(label, outcome).inc()
-        state.metrics.request_time.labels(label).observe(wall_s)
+        protocol = request_context.protocol.get()
+        state.metrics.requests.labels(label, outcome, protocol).inc()
+        state.metrics.request_time.labels(label, protocol).observe(wall_s)
         if known:
             queue_s, compute_s = _request_times.get() or (0.0, 0.0)
             state.metrics.statistics.request_done(model, outcome == "ok", wall_s, queue_s, compute_s)

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from lara_serve.server import explain as explainer
+from lara_serve.server.models import refuse_unsupported
 from lara_serve.server.preprocess import truncation_side
 from lara_serve.server.routes.common import State, predictions, read_body, require_api_key, timing_headers, track
 from lara_serve.server.routes.v1 import _ERRORS, _TRUNCATE_QUERY, _instance_bytes, _to_items
@@ -34,6 +35,7 @@ async def explain(
         explainer.require_text(model)
         expected = "body must be {'instances': [...], 'parameters': {...}}"
         body = await parse_large(V1ExplainRequest, await read_body(request), expected)
+        refuse_unsupported(body.parameters.model_dump(exclude_none=True))
         raw = [_instance_bytes(model, i, n) for n, i in enumerate(body.instances)]
         side = truncation_side(body.parameters.truncate) or truncation_side(truncate)
         items = await _to_items(model, raw, side, settings.max_image_pixels)

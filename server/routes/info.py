@@ -13,6 +13,7 @@ from fastapi import APIRouter, Depends, Request
 from lara_serve.server.metrics import server_version
 from lara_serve.server.model_card import describe
 from lara_serve.server.routes.common import AppState, State, app_state, check_api_key, require_api_key
+from lara_serve.server.routes.tei import tei_info
 from lara_serve.server.routes.triton import EXTENSIONS
 
 SERVER_NAME = "lara-serve"
@@ -32,6 +33,7 @@ async def info(state: State) -> dict[str, Any]:
         "backend": settings.backend,
         "model_backends": dict(settings.model_backends),
         "device": settings.device,
+        **tei_info(state),  # TEI's own keys (model_id, model_type, ...), for its clients
         # TEI's names where the meaning is the same
         "max_input_length": max(text_lengths) if text_lengths else None,
         "max_batch_total_tokens": settings.max_batch_tokens,

@@ -11,11 +11,11 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.convertors import Convertor, register_url_convertor
 
-from lara_serve.server.content_types import ANY_TYPES, FORM_TYPES, IMAGE_TYPES, TEXT_TYPES
+from lara_serve.server.content_types import ANY_TYPES, FORM_TYPES, IMAGE_TYPES, TEXT_LIKE_TYPES, TEXT_TYPES
 from lara_serve.server.errors import ErrorKind, ServeError, invalid
 from lara_serve.server.inputs import model_bytes, parse_content_type
 from lara_serve.server.model_card import describe
-from lara_serve.server.models import ServedModel
+from lara_serve.server.models import ServedModel, refuse_unsupported
 from lara_serve.server.preprocess import Item, truncation_side
 from lara_serve.server.routes.common import (
     State,
@@ -95,6 +95,7 @@ async def predict(
         if raw_body.lstrip()[:1] not in (b"{", b"["):  # a file or plain text: that is what :classify takes
             expected += f"; to send a raw text or image file as the body, POST it to /v1/models/{name}:classify"
         body = await parse_large(V1PredictRequest, raw_body, expected)
+        refuse_unsupported(body.parameters.model_dump(exclude_none=True))
         if len(body.instances) > settings.max_queue_size:
             raise ServeError(
                 ErrorKind.TOO_LARGE,
@@ -118,7 +119,8 @@ _CLASSIFY_DOC: dict[str, Any] = {
         "required": True,
         "content": {
             **{
-                t: {"schema": {"type": "string", "format": "binary"}} for t in (*IMAGE_TYPES, *TEXT_TYPES, ANY_TYPES[1])
+                t: {"schema": {"type": "string", "format": "binary"}}
+                for t in (*IMAGE_TYPES, *TEXT_TYPES, *TEXT_LIKE_TYPES[:4], ANY_TYPES[1])
             },
             "multipart/form-data": {
                 "schema": {
@@ -141,6 +143,8 @@ async def classify(
 ) -> JSONResponse:
     """The body is one image (image/png, ...) or one text (text/plain; any charset is decoded), raw bytes
     (application/octet-stream: the kind is sniffed), or a multipart/form-data upload (`curl -F file=@a.png`).
+    A text model reads text/* (html, markdown, csv, ...), application/json, application/xml and
+    message/rfc822 bodies as the text itself, under text/plain's charset rules.
 
     Always `predictions`: one per file in upload order, each with its `filename` (null for a raw body).
     One file: its prediction's fields also at the top level (label, score, top_k, ...), as before."""

@@ -14,7 +14,7 @@ from lara_serve.server.batcher import BatchResult
 from lara_serve.server.errors import invalid, too_large
 from lara_serve.server.inputs import b64_elements
 from lara_serve.server.model_card import describe
-from lara_serve.server.models import RAW_INPUT, Scored, ServedModel
+from lara_serve.server.models import RAW_INPUT, Scored, ServedModel, refuse_unsupported
 from lara_serve.server.preprocess import Item, image_items_from_tensors, text_items_from_tensors, truncation_side
 from lara_serve.server.routes.common import (
     AppState,
@@ -40,6 +40,7 @@ from lara_serve.server.v2_codec import (
 SERVER_NAME = "lara-serve"
 SERVER_VERSION = "0.1.0"
 EXPLANATION = "explanation"  # v2 output of parameters.explain (text models)
+TRUNCATED = "truncated"  # v2 output on request (text models): BOOL [batch], was each item cut?
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody} for code in (400, 401, 404, 413, 415, 422, 429, 503, 504)
 }
@@ -104,7 +105,9 @@ async def infer(name: str, request: Request, state: State, version: str | None =
     output `explanation`, BYTES [batch], one JSON document per item with its passages and their contributions
     as v1 :explain gives them (`max_passages`: 2-64); asking for the output `explanation` by name implies it.
     Per output `binary_data` and `classification: k` (Triton's "score:index:label" strings of the top k, on
-    `probabilities`). Models with an ood_score output also give `ood_score` (FP32) and `in_distribution` (BOOL)."""
+    `probabilities`). Models with an ood_score output also give `ood_score` (FP32) and `in_distribution` (BOOL).
+    Text models answer the scalar parameters `truncated` (any item cut to max_length) and `truncated_count`;
+    the output `truncated` (BOOL [batch], on request by name) flags each item."""
     with track(state, name):
         model = state.model(name, version)
         body = await read_body(request)
@@ -128,8 +131,9 @@ async def run_infer(state: AppState, model: ServedModel, decoded: DecodedRequest
     every output out. The caller selects outputs (`select`) and encodes them."""
     settings = state.settings
     params = decoded.request.parameters
-    wants_explanation = any(o.name == EXPLANATION for o in decoded.request.outputs or [])
-    explain = bool_param(params, "explain") or wants_explanation
+    refuse_unsupported(params)  # `priority`: a 400, not silently ignored (HTTP and gRPC alike)
+    wanted = {o.name for o in decoded.request.outputs or []}
+    explain = bool_param(params, "explain") or EXPLANATION in wanted
     if explain:
         explainer.require_text(model)
     max_passages = explainer.check_max_passages(params.get("max_passages", settings.explain_passages))
@@ -141,8 +145,13 @@ async def run_infer(state: AppState, model: ServedModel, decoded: DecodedRequest
     if explanations is not None:
         outputs[EXPLANATION] = ("BYTES", explanations)
     header: dict[str, Any] = {"model_name": model.name, "model_version": model.version}
-    if model.config.task == "text":  # per item, in request order: was the text cut to max_length?
-        header["parameters"] = {"truncated": [item.truncated for item in items]}
+    if model.config.task == "text":
+        # v2 parameters are scalars: whether any item was cut to max_length, and how many; the per-item
+        # flags are the output `truncated`, given when asked for by name (the default outputs stay as they were).
+        flags = [item.truncated for item in items]
+        header["parameters"] = {"truncated": any(flags), "truncated_count": sum(flags)}
+        if TRUNCATED in wanted:
+            outputs[TRUNCATED] = ("BOOL", np.array(flags, dtype=np.bool_))  # [B]
     if decoded.request.id is not None:
         header["id"] = decoded.request.id
     return InferAnswer(header, outputs, results)
@@ -192,8 +201,8 @@ def _select(
         return [(name, *tensor, binary_default) for name, tensor in tensors.items()]
     unknown = [o.name for o in wanted if o.name not in tensors]
     if unknown:
-        names = [*tensors, *([] if EXPLANATION in tensors or model.config.task != "text" else [EXPLANATION])]
-        raise invalid(f"unknown outputs {unknown}; this model has {names}")
+        on_request = [] if model.config.task != "text" else [n for n in (EXPLANATION, TRUNCATED) if n not in tensors]
+        raise invalid(f"unknown outputs {unknown}; this model has {[*tensors, *on_request]}")
     selected = []
     probabilities = tensors["probabilities"][1]
     for o in wanted:

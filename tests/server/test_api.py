@@ -154,8 +154,8 @@ async def test_metrics_and_docs(client: httpx.AsyncClient) -> None:
     await client.post(f"/v1/models/{TEXT}:predict", json={"instances": ["count me"]})
     await client.post(f"/v1/models/{TEXT}:predict", json={"instances": [""]})
     text = (await client.get("/metrics")).text
-    assert f'lara_requests_total{{model="{TEXT}",outcome="ok"}}' in text
-    assert f'lara_requests_total{{model="{TEXT}",outcome="invalid_input"}}' in text
+    assert f'lara_requests_total{{model="{TEXT}",outcome="ok",protocol="v1"}}' in text
+    assert f'lara_requests_total{{model="{TEXT}",outcome="invalid_input",protocol="v1"}}' in text
     for name in ("lara_queue_seconds", "lara_inference_seconds", "lara_batch_size", "lara_batch_tokens",
                  "lara_queue_depth"):  # fmt: skip
         assert name in text

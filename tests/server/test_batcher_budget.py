@@ -71,6 +71,18 @@ def make(backend: Recorder, observer: Observer | None = None, **kw: float) -> Ba
     return batcher
 
 
+async def make_busy(
+    backend: Recorder, observer: Observer | None = None, **kw: float
+) -> tuple[Batcher[int, int], asyncio.Future[BatchResult[int]]]:
+    """A batcher whose worker holds item 0 (length 1) until `backend.gate` is set: nothing else drains the
+    queue meanwhile. Returns the batcher and item 0's future."""
+    backend.gate.clear()
+    batcher = make(backend, observer, **kw)
+    running = batcher.submit([(0, 1)])[0]
+    await asyncio.to_thread(backend.started.wait, 5)
+    return batcher, running
+
+
 async def run_lengths(lengths: list[int], **kw: float) -> tuple[list[list[int]], list[BatchResult[int]], Observer]:
     """Queue all `lengths` at once (payload = index) and return the batches, the results, the observer."""
     backend, observer = Recorder(), Observer()
@@ -175,26 +187,20 @@ async def test_items_arriving_during_the_delay_join_the_batch() -> None:
 
 async def test_cancelled_items_free_their_queue_capacity_at_once() -> None:
     backend = Recorder()
-    backend.gate.clear()
-    batcher = make(backend, max_batch_size=1, max_queue_size=2)
-    running = batcher.submit([(0, 1)])
-    await asyncio.to_thread(backend.started.wait, 5)  # the worker is busy: nothing else drains the queue
+    batcher, running = await make_busy(backend, max_batch_size=1, max_queue_size=2)
     for future in batcher.submit([(1, 1), (2, 1)]):
         future.cancel()
     later = batcher.submit([(3, 1), (4, 1)])  # the gone clients' places are free again
     assert batcher.depth == 2
     backend.gate.set()
-    assert [(await f).value for f in (*running, *later)] == [0, 30, 40]
+    assert [(await f).value for f in (running, *later)] == [0, 30, 40]
     assert backend.batches == [[0], [3], [4]]
     await batcher.stop()
 
 
 async def test_cancelled_items_take_no_batch_slot() -> None:
     backend, observer = Recorder(), Observer()
-    backend.gate.clear()
-    batcher = make(backend, observer, max_batch_size=2)
-    first = batcher.submit([(0, 1)])[0]
-    await asyncio.to_thread(backend.started.wait, 5)
+    batcher, first = await make_busy(backend, observer, max_batch_size=2)
     gone, a, b = batcher.submit([(1, 1), (2, 1), (3, 1)])
     gone.cancel()
     backend.gate.set()
@@ -226,10 +232,7 @@ async def test_item_cancelled_after_planning_is_not_computed() -> None:
 
 async def test_queue_depth_reports_follow_cancellations() -> None:
     backend, observer = Recorder(), Observer()
-    backend.gate.clear()
-    batcher = make(backend, observer, max_batch_size=1)
-    running = batcher.submit([(0, 1)])[0]
-    await asyncio.to_thread(backend.started.wait, 5)
+    batcher, running = await make_busy(backend, observer, max_batch_size=1)
     queued = batcher.submit([(1, 1), (2, 1)])
     assert observer.depths[-1] == 2  # reported on submit
     for future in queued:
@@ -246,10 +249,7 @@ async def test_queue_depth_reports_follow_cancellations() -> None:
 
 async def test_stop_waits_for_the_running_batch() -> None:
     backend = Recorder()
-    backend.gate.clear()
-    batcher = make(backend)
-    batcher.submit([(0, 1)])
-    await asyncio.to_thread(backend.started.wait, 5)
+    batcher, _ = await make_busy(backend)
     threading.Timer(0.2, backend.gate.set).start()
     await batcher.stop()
     assert backend.batches == [[0]]  # the backend was not torn down under a running batch

@@ -88,8 +88,8 @@ async def test_disconnected_clients_queued_items_are_never_computed(
     assert backend.batches == [1, 1]  # only the holder and the later client were computed
     m = state.metrics
     assert metric(m, "lara_items_dropped_total", {"model": TEXT, "reason": "cancelled"}) == 15
-    assert metric(m, "lara_requests_total", {"model": TEXT, "outcome": "client_disconnected"}) == 5
-    assert metric(m, "lara_requests_total", {"model": TEXT, "outcome": "backend_failure"}) == 0
+    assert metric(m, "lara_requests_total", {"model": TEXT, "outcome": "client_disconnected", "protocol": "v1"}) == 5
+    assert metric(m, "lara_requests_total", {"model": TEXT, "outcome": "backend_failure", "protocol": "v1"}) == 0
     assert metric(m, "lara_items_orphaned_total", {"model": TEXT}) == 0
 
 
@@ -112,7 +112,7 @@ async def test_timed_out_requests_are_answered_504_and_never_computed(
     assert b"request_timeout_s" in answers[0]["body"]
     assert backend.batches == [1]  # the 8 timed-out items never reached the backend
     m = app.state.lara.metrics
-    assert metric(m, "lara_requests_total", {"model": TEXT, "outcome": "timeout"}) >= 4
+    assert metric(m, "lara_requests_total", {"model": TEXT, "outcome": "timeout", "protocol": "v1"}) >= 4
     dropped = sum(
         metric(m, "lara_items_dropped_total", {"model": TEXT, "reason": r}) for r in ("cancelled", "deadline")
     )

@@ -19,7 +19,7 @@ from lara_serve.server.errors import (
 # The contract clients rely on (retry on 429/503, give up on 4xx): written out here, not read from the map.
 DOCUMENTED = {
     "malformed_request": 400, "unauthenticated": 401, "not_found": 404, "method_not_allowed": 405,
-    "request_timeout": 408, "too_large": 413, "unsupported_media_type": 415, "invalid_input": 422,
+    "conflict": 409, "request_timeout": 408, "too_large": 413, "unsupported_media_type": 415, "invalid_input": 422,
     "queue_full": 429, "client_disconnected": 499, "backend_failure": 500, "not_ready": 503, "timeout": 504,
 }  # fmt: skip
 

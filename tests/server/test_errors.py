@@ -97,7 +97,7 @@ CASES: list[tuple[str, str, str, dict[str, Any], int, str]] = [
     ("text-too-long-v2", "POST", V2, v2(raw("x" * (MAX_LENGTH + 1))), 413, str(MAX_LENGTH)),
     ("text-too-long-classify", "POST", f"/v1/models/{TEXT}:classify", text_body(b"x" * 999), 413, "truncate"),
     ("ids-too-long", "POST", V2, v2(ids([[5] * 300], [1, 300])), 413, "input_ids"),
-    ("wrong-media-type", "POST", f"/v1/models/{TEXT}:classify", text_body(b"a", "application/json"), 415, "text/plain"),
+    ("wrong-media-type", "POST", f"/v1/models/{TEXT}:classify", text_body(b"a", "application/pdf"), 415, "text/plain"),
     # No Content-Type: the body is sniffed (issue 12); bytes that are neither text nor an image are refused.
     ("no-media-type", "POST", f"/v1/models/{IMAGE}:classify", {"content": bytes(range(256))}, 415, "image/png"),
     (

@@ -87,7 +87,9 @@ def test_infer_raw_text_matches_http(client: grpcclient.InferenceServerClient, s
     (http_probs,) = [o["data"] for o in http["outputs"] if o["name"] == "probabilities"]
     np.testing.assert_allclose(probabilities.reshape(-1), http_probs, atol=1e-6)
     assert [v.decode() for v in result.as_numpy("label")] == [TEXT_LABELS[i] for i in probabilities.argmax(1)]
-    assert json.loads(result.get_response().parameters["truncated"].string_param) == [False, False]
+    truncated = result.get_response().parameters["truncated"]
+    assert truncated.WhichOneof("parameter_choice") == "bool_param" and truncated.bool_param is False
+    assert result.get_response().parameters["truncated_count"].int64_param == 0
 
 
 def test_infer_preprocessed_inputs_typed_and_raw(client: grpcclient.InferenceServerClient) -> None:
@@ -119,8 +121,11 @@ def test_infer_image_class_count_and_truncation(client: grpcclient.InferenceServ
     long = "y" * (MAX_LENGTH + 10)
     status, message = _status(lambda: client.infer(TEXT, [_texts(long)], headers=AUTH))
     assert status == "StatusCode.RESOURCE_EXHAUSTED" and "truncate" in message
-    cut = client.infer(TEXT, [_texts(long)], parameters={"truncate": "tail"}, headers=AUTH)
-    assert json.loads(cut.get_response().parameters["truncated"].string_param) == [True]
+    flags = grpcclient.InferRequestedOutput("truncated")
+    cut = client.infer(TEXT, [_texts(long, "short")], outputs=[flags], parameters={"truncate": "tail"}, headers=AUTH)
+    assert cut.get_response().parameters["truncated"].bool_param is True
+    assert cut.get_response().parameters["truncated_count"].int64_param == 1
+    assert cut.as_numpy("truncated").tolist() == [True, False]  # per item, as an output on request
 
 
 def test_key_is_required(client: grpcclient.InferenceServerClient) -> None:
@@ -214,3 +219,69 @@ def test_bad_messages_get_the_right_status(client: grpcclient.InferenceServerCli
     assert streaming.code() == grpc.StatusCode.UNIMPLEMENTED
     time.sleep(0)  # the server is still up:
     assert client.is_server_live()
+
+
+# -- the tooling around the service: ModelReady for any name, reflection, grpc.health.v1 ----------------
+
+
+def test_model_ready_is_false_for_unknown_models_and_versions(client: grpcclient.InferenceServerClient) -> None:
+    # Triton answers ready=false (not NOT_FOUND), so `while not client.is_model_ready(m)` loops wait.
+    assert client.is_model_ready("no-such-model", headers=AUTH) is False
+    assert client.is_model_ready(TEXT, model_version="999", headers=AUTH) is False
+    assert client.is_model_ready(TEXT, model_version="1", headers=AUTH) is True
+    assert _status(lambda: client.is_model_ready("no-such-model"))[0] == "StatusCode.UNAUTHENTICATED"
+
+
+def test_reflection_lists_and_describes_the_services(server: tuple[str, str]) -> None:
+    from google.protobuf.descriptor_pool import DescriptorPool
+
+    pytest.importorskip("grpc_reflection", reason="grpcio-reflection (the grpc extra) is not installed")
+    from grpc_reflection.v1alpha import reflection_pb2
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+    with grpc.insecure_channel(server[1]) as channel:
+        database = ProtoReflectionDescriptorDatabase(channel)  # what grpcurl, grpcui and Postman do
+        services = set(database.get_services())
+        assert {"inference.GRPCInferenceService", "grpc.health.v1.Health"} <= services
+        infer = DescriptorPool(database).FindServiceByName("inference.GRPCInferenceService")
+        assert {"ModelInfer", "ModelReady", "RepositoryModelLoad"} <= {m.name for m in infer.methods}
+        # grpcurl asks the v1 service first; its messages are v1alpha's on the wire.
+        v1 = channel.stream_stream(
+            "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+            request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+            response_deserializer=reflection_pb2.ServerReflectionResponse.FromString,
+        )
+        (answer,) = list(v1(iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10))
+    assert {s.name for s in answer.list_services_response.service} == services
+
+
+def test_health_check_and_watch_follow_unload_and_load(
+    client: grpcclient.InferenceServerClient, server: tuple[str, str]
+) -> None:
+    pytest.importorskip("grpc_health", reason="grpcio-health-checking (the grpc extra) is not installed")
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+    with grpc.insecure_channel(server[1]) as channel:  # no API key: probes carry none
+        health = health_pb2_grpc.HealthStub(channel)
+
+        def check(service: str) -> int:
+            return health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10).status
+
+        assert check("") == check("inference.GRPCInferenceService") == check(TEXT) == check(IMAGE) == serving
+        with pytest.raises(grpc.RpcError) as unknown:
+            check("no-such-model")
+        assert unknown.value.code() == grpc.StatusCode.NOT_FOUND and TEXT in unknown.value.details()
+        watch = health.Watch(health_pb2.HealthCheckRequest(service=IMAGE), timeout=30)
+        try:
+            assert next(watch).status == serving
+            client.unload_model(IMAGE, headers=AUTH)
+            assert check(IMAGE) == not_serving and check("") == serving  # the other model still serves
+            assert next(watch).status == not_serving
+            client.load_model(IMAGE, headers=AUTH)
+            assert next(watch).status == serving and check(IMAGE) == serving
+        finally:
+            watch.cancel()
+        unknown_watch = health.Watch(health_pb2.HealthCheckRequest(service="no-such-model"), timeout=10)
+        assert next(unknown_watch).status == health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+        unknown_watch.cancel()

@@ -95,13 +95,21 @@ def test_bad_requests_say_what_is_wrong() -> None:
 
 
 def test_answers_become_responses_with_the_binary_layout() -> None:
-    header = {"model_name": "m", "model_version": "1", "id": "r7", "parameters": {"truncated": [True, False]}}
+    params = {"truncated": True, "truncated_count": 1, "note": "x"}
+    header = {"model_name": "m", "model_version": "1", "id": "r7", "parameters": params}
     answer = InferAnswer(header=header, outputs={}, results=[])
     scores = np.array([[0.5, 2.0]], dtype=np.float32)
     labels = np.array([b"ab", b"c"], dtype=object)
     response = infer_response(answer, [("scores", "FP32", scores, True), ("labels", "BYTES", labels, True)])
     assert (response.model_name, response.model_version, response.id) == ("m", "1", "r7")
-    assert response.parameters["truncated"].string_param == "[true, false]"  # JSON, as HTTP carries it
+    typed = {k: (p.WhichOneof("parameter_choice"), parameter_value(p)) for k, p in response.parameters.items()}
+    assert typed == {  # v2 parameters are scalars, each in its typed field (kserve reads bool/int64/string)
+        "truncated": ("bool_param", True),
+        "truncated_count": ("int64_param", 1),
+        "note": ("string_param", "x"),
+    }
+    with pytest.raises(TypeError, match="scalars"):  # a list would be a stringified list again: refused
+        infer_response(InferAnswer(header={**header, "parameters": {"truncated": [True]}}, outputs={}, results=[]), [])
     assert [(o.name, o.datatype, list(o.shape)) for o in response.outputs] == [
         ("scores", "FP32", [1, 2]),
         ("labels", "BYTES", [2]),

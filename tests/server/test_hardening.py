@@ -130,10 +130,11 @@ async def test_client_gone_or_too_slow_mid_upload_is_not_a_server_error(
     assert slow["status"] == 408 and slow["headers"]["connection"] == "close" and 0.15 < elapsed < 5
     assert "body_timeout_s" in json.loads(slow["body"])["error"]
     m = app.state.lara.metrics.registry
-    assert m.get_sample_value("lara_requests_total", {"model": TEXT, "outcome": "client_disconnected"}) == 1
-    assert m.get_sample_value("lara_requests_total", {"model": TEXT, "outcome": "request_timeout"}) == 1
+    v1_labels = {"model": TEXT, "protocol": "v1"}
+    assert m.get_sample_value("lara_requests_total", {**v1_labels, "outcome": "client_disconnected"}) == 1
+    assert m.get_sample_value("lara_requests_total", {**v1_labels, "outcome": "request_timeout"}) == 1
     assert m.get_sample_value("lara_client_timeouts_total", {"phase": "body"}) == 1
-    assert m.get_sample_value("lara_requests_total", {"model": TEXT, "outcome": "backend_failure"}) is None
+    assert m.get_sample_value("lara_requests_total", {**v1_labels, "outcome": "backend_failure"}) is None
 
 
 def asyncio_event():  # type: ignore[no-untyped-def]

@@ -8,7 +8,6 @@ once per run. The sources are copied first, so the build writes nothing into the
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -19,10 +18,10 @@ import httpx
 import pytest
 
 from lara_serve.server.settings import REPO_ROOT
-from lara_serve.server.testing import free_port
+from lara_serve.server.testing import server_process
+from tests.install_helpers import bare_venv, copy_sources
 
 pytestmark = pytest.mark.slow
-SOURCES = ("pyproject.toml", "README.md", "lara_serve", "server", "clients", "kernels", "model_export")
 HEAVY = ("torch", "triton", "onnx", "onnxscript", "safetensors", "matplotlib", "pytest", "sklearn", "tritonclient")
 
 
@@ -33,20 +32,12 @@ def _size_mb(folder: Path) -> float:
 @pytest.fixture(scope="module")
 def lean_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     root = tmp_path_factory.mktemp("lean")
-    src = root / "src"
-    for name in SOURCES:
-        path = REPO_ROOT / name
-        if path.is_dir():
-            shutil.copytree(path, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-        else:
-            src.mkdir(exist_ok=True)
-            shutil.copy2(path, src / name)
+    src = copy_sources(root)
     venv = root / "venv"
     t0 = time.monotonic()
-    # No pip inside (ensurepip alone takes 30 s on a loaded machine): this venv's pip installs into it.
     # --no-compile: the .pyc files are written on first import instead; neither changes what is installed.
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
+    python = bare_venv(venv)
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
                     "--no-compile", "--disable-pip-version-check", str(src)], check=True, timeout=600)  # fmt: skip
     print(f"serving install: {time.monotonic() - t0:.1f} s, {_size_mb(venv):.0f} MB")
     yield venv
@@ -69,17 +60,9 @@ def test_lara_train_says_how_to_get_the_training_extra(lean_venv: Path, tmp_path
 
 
 def test_lara_serve_serves_the_shipped_models(lean_venv: Path, tmp_path: Path) -> None:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = (tmp_path / "server.log").open("wb")
-    cmd = [str(lean_venv / "bin" / "lara-serve"), "--port", str(port), "--model-repository",
-           str(REPO_ROOT / "model_repository"), "--num-threads", "1", "--log-level", "warning"]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
-    try:
-        deadline = time.monotonic() + 120
-        while not _ready(url):
-            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()[-2000:]
-            time.sleep(0.2)
+    args = ["--model-repository", str(REPO_ROOT / "model_repository"), "--num-threads", "1", "--log-level", "warning"]
+    serve = [str(lean_venv / "bin" / "lara-serve")]
+    with server_process(args, command=serve, cwd=str(tmp_path), timeout_s=120) as url:
         text = tmp_path / "sport.txt"
         text.write_text(
             "Arsenal beat Chelsea 2-1 in the Premier League on Saturday. The striker scored twice in the second "
@@ -93,18 +76,3 @@ def test_lara_serve_serves_the_shipped_models(lean_venv: Path, tmp_path: Path) -
         metadata = httpx.get(f"{url}/v2/models/lara-vit-fashion").json()
         assert metadata["parameters"]["image_size"] == [28, 28]
         assert httpx.get(f"{url}/docs").status_code == 200  # the offline docs come with the lean install
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/v2/health/ready", timeout=1.0).status_code == 200
-    except httpx.HTTPError:
-        return False

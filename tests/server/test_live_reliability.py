@@ -148,7 +148,7 @@ def test_clients_that_hang_up_while_queued_cost_no_compute(shared: tuple[str, IO
         for sock in leavers:
             sock.close()  # 10 clients x 3 queued items walk away
         assert all(f.result(timeout=120)[0] == 200 for f in holders)
-        labels = f'{{model="{MODEL}",outcome="client_disconnected"}}'
+        labels = f'{{model="{MODEL}",outcome="client_disconnected",protocol="v1"}}'
         wait_for(lambda: metric(url, "lara_requests_total", labels) == 10, 10)
         dropped = metric(url, "lara_items_dropped_total", f'{{model="{MODEL}",reason="cancelled"}}')
         orphaned = metric(url, "lara_items_orphaned_total", f'{{model="{MODEL}"}}')

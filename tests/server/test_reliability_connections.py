@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 
-from lara_serve.server.testing import free_port, server_process
+from lara_serve.server.testing import free_port, server_process, wait_ready
 
 BODY_TIMEOUT_S = 1.5
 
@@ -114,15 +114,7 @@ def test_upload_in_progress_at_shutdown_gets_a_json_503_and_the_server_exits_soo
            str(repo), "--no-warmup", "--graceful-timeout-s", "1"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None and time.monotonic() < deadline, "server did not start"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
+        wait_ready(f"http://127.0.0.1:{port}", proc, 60)
         warm = httpx.post(f"http://127.0.0.1:{port}/v1/models/tiny-text:classify", content=b"warm", timeout=30)
         assert warm.status_code == 200  # the first request imports what it needs: not part of the case
         with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:

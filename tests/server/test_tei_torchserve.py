@@ -87,7 +87,7 @@ async def test_health_ping_and_root(client: httpx.AsyncClient) -> None:
     assert (await client.get("/health")).status_code == 200
     ping = await client.get("/ping")
     assert ping.status_code == 200 and ping.json() == {"status": "Healthy"}
-    root = await client.get("/")
+    root = await client.get("/", headers={"accept": "text/html"})  # a browser; API clients: test_kserve_v1_root.py
     assert root.status_code in (302, 307) and root.headers["location"] == "/ui"
 
 

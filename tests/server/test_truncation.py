@@ -111,9 +111,13 @@ async def test_predict_and_v2_report_truncation_per_item(client: httpx.AsyncClie
     assert q.status_code == 200 and q.json()["predictions"][0]["truncated"] is True
 
     inputs = [{"name": "raw", "datatype": "BYTES", "shape": [2], "data": [short, LONG.decode()]}]
-    v2 = await client.post(f"/v2/models/{TEXT}/infer", json={"inputs": inputs, "parameters": {"truncate": True}})
+    outputs = [{"name": "label"}, {"name": "truncated"}]  # the per-item flags are an output on request
+    body = {"inputs": inputs, "parameters": {"truncate": True}, "outputs": outputs}
+    v2 = await client.post(f"/v2/models/{TEXT}/infer", json=body)
     assert v2.status_code == 200, v2.text
-    assert v2.json()["parameters"]["truncated"] == [False, True]
+    assert v2.json()["parameters"] == {"truncated": True, "truncated_count": 1}  # v2 parameters are scalars
+    (flags,) = [o for o in v2.json()["outputs"] if o["name"] == "truncated"]
+    assert (flags["datatype"], flags["shape"], flags["data"]) == ("BOOL", [2], [False, True])
     b64 = base64.b64encode(LONG).decode()
     b = await client.post(
         f"/v1/models/{TEXT}:predict", json={"instances": [{"b64": b64}], "parameters": {"truncate": "head+tail"}}
@@ -132,7 +136,7 @@ async def test_tensor_rows_are_cut_after_their_padding(client: httpx.AsyncClient
     refused = await client.post(f"/v2/models/{TEXT}/infer", json={"inputs": inputs})
     assert refused.status_code == 413 and "400" in refused.json()["error"]
     ok = await client.post(f"/v2/models/{TEXT}/infer", json={"inputs": inputs, "parameters": {"truncate": "tail"}})
-    assert ok.status_code == 200 and ok.json()["parameters"]["truncated"] == [True, False]
+    assert ok.status_code == 200 and ok.json()["parameters"] == {"truncated": True, "truncated_count": 1}
 
 
 async def test_metadata_shows_max_length(client: httpx.AsyncClient) -> None:

@@ -1,0 +1,154 @@
+"""Peak resident memory of the lean install (onnxruntime, no torch) for one long text document.
+
+    python -m benchmarks.memory_one_mib [--model lara-text-news] [--bytes 1048576] [--variants before,after,server]
+
+Each variant runs in a fresh process (one at a time: a 1 MiB document through onnxruntime may take 8 GB):
+load the model's onnxruntime backend as the server does (no torch hand-off: `ort_long_via_torch` has no
+torch to hand off to in the image), run one document of --bytes bytes (examples/long-document.txt
+repeated), then a short one. `before`: one session with onnxruntime's arena (what served every length
+before); `after`: documents over 65,536 tokens on a session without arena or memory patterns, and the
+heap trimmed after them (lara_serve.server.backends.onnx_runtime). Per variant: RSS when loaded, peak
+RSS (ru_maxrss), RSS after the long document and after the short one, seconds of the long one.
+`server`: the whole server as the manifests run it (every shipped model, SERVER_ENV), one document through
+`:classify`, its resident memory sampled every 20 ms: the figure the pod's memory limit is set from.
+Writes benchmarks/results/memory_one_mib.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results" / "memory_one_mib.json"
+VARIANTS = ("before", "after", "server")
+
+
+def rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def child(model: str, size: int, variant: str) -> dict[str, float]:
+    """In the measured process: the backend as the server builds it, one long document, one short."""
+    from lara_serve.server.backends.onnx_runtime import OnnxRuntimeBackend
+    from lara_serve.server.preprocess import collate, text_item
+    from lara_serve.server.repository import served_config
+    from lara_serve.server.settings import DEFAULT_MODEL_REPOSITORY
+
+    model_dir = DEFAULT_MODEL_REPOSITORY / model
+    config = served_config(model, model_dir)
+    backend = OnnxRuntimeBackend(model_dir, config, "cpu", long_via_torch=False, lean_long=variant == "after")
+    text = (ROOT / "examples" / "long-document.txt").read_bytes()
+    document = (text * (size // len(text) + 1))[:size]
+    short = text_item(text[:2048], config.preprocessing, "head")
+    backend.run_outputs(collate([short], config))  # warm: the idle server's state
+    loaded = rss_mib()
+    start = time.perf_counter()
+    backend.run_outputs(collate([text_item(document, config.preprocessing, None)], config))
+    seconds = time.perf_counter() - start
+    after_long = rss_mib()
+    backend.run_outputs(collate([short], config))
+    return {
+        "rss_loaded_mib": round(loaded, 1),
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "rss_after_long_mib": round(after_long, 1),
+        "rss_after_short_mib": round(rss_mib(), 1),
+        "long_seconds": round(seconds, 2),
+    }
+
+
+# The manifests' settings (deploy/k8s/configmap.yaml), every shipped model, and no torch hand-off: the image
+# has no torch, so long documents run on onnxruntime there whatever ort_long_via_torch says.
+SERVER_ENV = {"LARA_NUM_THREADS": "2", "LARA_MAX_BATCH_TOKENS": "65536", "LARA_ORT_LONG_VIA_TORCH": "false",
+              "LARA_REQUEST_TIMEOUT_S": "600"}  # fmt: skip
+
+
+def _children_rss_mib() -> float:
+    """Resident memory of this process's children (the server), summed."""
+    total = 0.0
+    for path in Path("/proc/self/task").glob("*/children"):
+        for pid in path.read_text().split():
+            status = Path(f"/proc/{pid}/status")
+            for line in status.read_text().splitlines() if status.exists() else []:
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) / 1024
+    return total
+
+
+def server(size: int, model: str) -> dict[str, float]:
+    """The whole server (python -m lara_serve.server): idle RSS, peak while one document of `size` bytes
+    is classified (sampled every 20 ms), RSS after it and after a short one."""
+    import threading
+
+    import httpx
+
+    from lara_serve.server.testing import server_process
+
+    text = (ROOT / "examples" / "long-document.txt").read_bytes()
+    document = (text * (size // len(text) + 1))[:size]
+    headers = {"Content-Type": "text/plain"}
+    with server_process(["--log-level", "warning"], env=SERVER_ENV, timeout_s=180) as url:
+        idle = _children_rss_mib()
+        peak, done = [idle], threading.Event()
+
+        def sample() -> None:
+            while not done.wait(0.02):
+                peak.append(_children_rss_mib())
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        start = time.perf_counter()
+        r = httpx.post(f"{url}/v1/models/{model}:classify", content=document, headers=headers, timeout=900)
+        seconds = time.perf_counter() - start
+        done.set()
+        sampler.join()
+        r.raise_for_status()
+        after_long = _children_rss_mib()
+        httpx.post(f"{url}/v1/models/{model}:classify", content=text[:2048], headers=headers, timeout=60)
+        return {
+            "rss_idle_mib": round(idle, 1),
+            "peak_rss_mib": round(max(peak), 1),
+            "rss_after_long_mib": round(after_long, 1),
+            "rss_after_short_mib": round(_children_rss_mib(), 1),
+            "long_seconds": round(seconds, 2),
+        }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="lara-text-news")
+    parser.add_argument("--bytes", type=int, default=1 << 20)
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--child", choices=VARIANTS[:2], help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.model, args.bytes, args.child)))
+        return
+    results = {}
+    for variant in args.variants.split(","):  # sequentially, never two at once
+        if variant == "server":
+            results[variant] = server(args.bytes, args.model)
+            print(variant, results[variant], flush=True)
+            continue
+        cmd = [sys.executable, "-m", "benchmarks.memory_one_mib", "--model", args.model, "--bytes", str(args.bytes),
+               "--child", variant]  # fmt: skip
+        done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=True, timeout=1800)
+        results[variant] = json.loads(done.stdout.strip().splitlines()[-1])
+        print(variant, results[variant], flush=True)
+    command = " ".join(["python -m benchmarks.memory_one_mib", *sys.argv[1:]])
+    report = {"model": args.model, "bytes": args.bytes, "command": command, "variants": results}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
