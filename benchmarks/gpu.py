@@ -46,6 +46,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from lara_serve.kernels._cpu import lara_forward_cpu  # noqa: E402
 from lara_serve.kernels._triton import LaunchConfig, lara_forward_triton  # noqa: E402
+from lara_serve.kernels.inputs import LaraInputs  # noqa: E402
 from lara_serve.kernels.reference import lara_attention_ref, orthogonal_gaussian_projection  # noqa: E402
 
 F64 = torch.float64
@@ -191,10 +192,10 @@ def section_correctness(run: Run) -> dict:
             x64 = [t.to(F64) for t in xs]
             z64 = None if z is None else z.to(F64)
             ref = lara_attention_ref(*x64, mask, 1.0, z64)
-            out = lara_forward_triton(*xs, mask, 1.0, z)
+            out = lara_forward_triton(LaraInputs(*xs, mask, 1.0, z))
             err = max_err(out, ref)
             naive = max_err(lara_attention_ref(*xs, mask, 1.0, z), ref)  # reference in the kernel's dtype
-            torch_path = max_err(lara_forward_cpu(*xs, mask, 1.0, z), ref)  # fp32 compute, rounded output
+            torch_path = max_err(lara_forward_cpu(LaraInputs(*xs, mask, 1.0, z)), ref)  # fp32 compute, rounded output
             floor = FLOOR_REL[dt] * ref.abs().max().item()
             passed = bool(torch.isfinite(out).all()) and err <= 2 * naive + floor
             if mask is not None:
@@ -253,9 +254,9 @@ def time_one_size(run: Run, dt: torch.dtype, n: int, h: int, d: int, c: int, pro
             return F.scaled_dot_product_attention(q, k, v)
 
     methods = {
-        "lara_triton": lambda: lara_forward_triton(q, k, v, ql, kl, None, 1.0, None),
-        "lara_triton_padded10": lambda: lara_forward_triton(q, k, v, ql, kl, mask, 1.0, None),
-        "lara_torch": lambda: lara_forward_cpu(q, k, v, ql, kl, None, 1.0, None),
+        "lara_triton": lambda: lara_forward_triton(LaraInputs(q, k, v, ql, kl, None, 1.0, None)),
+        "lara_triton_padded10": lambda: lara_forward_triton(LaraInputs(q, k, v, ql, kl, mask, 1.0, None)),
+        "lara_torch": lambda: lara_forward_cpu(LaraInputs(q, k, v, ql, kl, None, 1.0, None)),
         "performer": lambda: kernels.performer_attention(q, k, v, proj),
         "sdpa_flash": sdpa,
     }
@@ -266,7 +267,7 @@ def time_one_size(run: Run, dt: torch.dtype, n: int, h: int, d: int, c: int, pro
         except Exception as exc:
             row[name] = f"error: {type(exc).__name__}: {str(exc)[:200]}"
     try:  # large-N sanity: Triton vs the fp32 PyTorch path on the same inputs
-        ref = lara_forward_cpu(q, k, v, ql, kl, None, 1.0, None).to(F64)
+        ref = lara_forward_cpu(LaraInputs(q, k, v, ql, kl, None, 1.0, None)).to(F64)
         row["max_abs_diff_vs_torch_path"] = max_err(methods["lara_triton"](), ref)
     except Exception as exc:
         row["max_abs_diff_vs_torch_path"] = f"error: {exc}"
@@ -390,7 +391,9 @@ def section_sweep(run: Run) -> dict:
             rows.append({"config": repr(cfg), "skipped": "time budget"})
             continue
         try:
-            t = time_ms(run, lambda cfg=cfg: lara_forward_triton(q, k, v, ql, kl, None, 1.0, None, config=cfg))
+            t = time_ms(
+                run, lambda cfg=cfg: lara_forward_triton(LaraInputs(q, k, v, ql, kl, None, 1.0, None), config=cfg)
+            )
             rows.append({"config": repr(cfg), **t})
         except Exception as exc:
             rows.append({"config": repr(cfg), "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
@@ -406,11 +409,11 @@ def section_profile(run: Run) -> dict:
 
     n, h, d, c = 65536, 8, 64, 64
     (q, k, v, ql, kl), _, _ = lara_inputs(1, h, n, d, c, torch.float16, run.device, seed=2)
-    lara_forward_triton(q, k, v, ql, kl, None, 1.0, None)
+    lara_forward_triton(LaraInputs(q, k, v, ql, kl, None, 1.0, None))
     sync(run.device)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(5):
-            lara_forward_triton(q, k, v, ql, kl, None, 1.0, None)
+            lara_forward_triton(LaraInputs(q, k, v, ql, kl, None, 1.0, None))
         sync(run.device)
     kern = {}
     for evt in prof.key_averages():

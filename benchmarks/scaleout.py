@@ -18,39 +18,23 @@ import argparse
 import json
 import os
 import platform
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from deploy.ray.processes import descendants, stop_driver  # noqa: E402
 from lara_serve.server.testing import free_port, server_process  # noqa: E402
 
 MODEL = "lara-text-news"
 OUT = ROOT / "benchmarks" / "results" / "scaleout.json"
-
-
-def descendants(root: int) -> set[int]:
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
-    found, frontier = set(), {root}
-    while frontier:
-        frontier = {pid for pid, ppid in parents.items() if ppid in frontier} - found
-        found |= frontier
-    return found
 
 
 @contextmanager
@@ -76,19 +60,7 @@ def ray_app(python: str, replicas: int, cpus: int) -> Iterator[str]:
         tree = descendants(driver.pid)
         yield f"http://127.0.0.1:{port}"
     finally:
-        if driver.poll() is None:
-            tree |= descendants(driver.pid)
-            driver.send_signal(signal.SIGTERM)
-            try:
-                driver.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                driver.kill()
-                driver.wait(timeout=30)
-        time.sleep(2)
-        for pid in tree:  # only if that PID is still a Ray process (a PID may be reused once it exited)
-            with suppress(OSError):
-                if b"ray" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    os.kill(pid, signal.SIGKILL)
+        stop_driver(driver, tree, timeout_s=90, settle_s=2)
         subprocess.run(["rm", "-rf", temp_dir], timeout=120)
 
 

@@ -228,11 +228,11 @@ def main() -> int:
     byte_offset = config.preprocessing.byte_offset  # type: ignore[union-attr]
     toks = [tokens(d, byte_offset) for d in docs]
 
-    def tensor_inputs(index: int) -> list[Any]:
+    def tensor_inputs(index: int, client: Any = aio_client) -> list[Any]:
         ids, mask = toks[index]
-        a = aio_client.InferInput("input_ids", list(ids.shape), "INT64")
+        a = client.InferInput("input_ids", list(ids.shape), "INT64")
         a.set_data_from_numpy(ids)
-        b = aio_client.InferInput("attention_mask", list(mask.shape), "INT64")
+        b = client.InferInput("attention_mask", list(mask.shape), "INT64")
         b.set_data_from_numpy(mask)
         return [a, b]
 
@@ -244,12 +244,7 @@ def main() -> int:
     def sync_tensor_inputs(index: int) -> Any:
         import tritonclient.http as sync_client
 
-        ids, mask = toks[index]
-        a = sync_client.InferInput("input_ids", list(ids.shape), "INT64")
-        a.set_data_from_numpy(ids)
-        b = sync_client.InferInput("attention_mask", list(mask.shape), "INT64")
-        b.set_data_from_numpy(mask)
-        return [a, b]
+        return tensor_inputs(index, sync_client)
 
     lara_metrics = ("lara_batch_size_sum", "lara_batch_size_count")
     triton_metrics = ("nv_inference_request_success", "nv_inference_exec_count")

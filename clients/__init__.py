@@ -9,12 +9,5 @@ if __name__ == "clients":  # imported by the folder's bare name from the reposit
 
 from lara_serve._package import lazy_exports
 
-_HOMES = {
-    "LabelScore": "lara_serve.clients.client",
-    "LaraClient": "lara_serve.clients.client",
-    "LaraError": "lara_serve.clients.client",
-    "Prediction": "lara_serve.clients.client",
-    "V2Result": "lara_serve.clients.client",
-}
-__all__ = sorted(_HOMES)
-__getattr__ = lazy_exports(__name__, _HOMES)
+_EXPORTS = {"lara_serve.clients.client": ("LabelScore", "LaraClient", "LaraError", "Prediction", "V2Result")}
+__all__, __getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -20,6 +20,7 @@ import math
 import torch
 from torch import Tensor
 
+from lara_serve.kernels.inputs import LaraInputs
 from lara_serve.kernels.reference import ALPHA_FLOOR
 
 # Queries per block: 512 queries x 2C=128 rows x 4 B = 256 KiB of logits per (batch, head), L2-sized.
@@ -129,18 +130,9 @@ def _lara_inplace(q, k, v, ql, kl, valid, alpha_coeff, noise, query_block) -> Te
     return out
 
 
-def lara_forward_cpu(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    q_landmarks: Tensor,
-    k_landmarks: Tensor,
-    key_padding_mask: Tensor | None,
-    alpha_coeff: float,
-    noise: Tensor | None,
-    query_block: int = QUERY_BLOCK,
-) -> Tensor:
-    """LARA forward. Shapes as in `lara_serve.kernels.lara_attention`; returns [B, H, N, Dv] in q's dtype."""
+def lara_forward_cpu(inputs: LaraInputs, query_block: int = QUERY_BLOCK) -> Tensor:
+    """LARA forward. Shapes as in `lara_serve.kernels.inputs`; returns [B, H, N, Dv] in q's dtype."""
+    q, k, v, q_landmarks, k_landmarks, key_padding_mask, alpha_coeff, noise = inputs.as_args()
     out_dtype = q.dtype
     ct = _compute_dtype(q.dtype)
     args = [t.to(ct) for t in (q, k, v, q_landmarks, k_landmarks)]

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from lara_serve.kernels import native_build
+from lara_serve.kernels.inputs import LaraInputs, unit_last_stride
 
 ABI_VERSION = 2
 DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
@@ -81,37 +82,22 @@ def variant(force_generic: bool = False) -> str:
     return ("generic", "avx2", "avx512")[lib.lara_cpu_variant(int(force_generic))]
 
 
-def _unit_last_stride(t: Tensor) -> Tensor:
-    return t if t.stride(-1) == 1 else t.contiguous()
-
-
 def _ptr(t: Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def lara_forward_fused(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    q_landmarks: Tensor,
-    k_landmarks: Tensor,
-    key_padding_mask: Tensor | None,
-    alpha_coeff: float,
-    noise: Tensor | None,
-    *,
-    force_generic: bool = False,
-    num_threads: int | None = None,
-) -> Tensor:
-    """LARA forward with the compiled kernel. Shapes as in `lara_serve.kernels.lara_attention`; CPU tensors,
+def lara_forward_fused(inputs: LaraInputs, *, force_generic: bool = False, num_threads: int | None = None) -> Tensor:
+    """LARA forward with the compiled kernel. Shapes as in `lara_serve.kernels.inputs`; CPU tensors,
     fp16/bf16/fp32, Dv == D; returns [B, H, N, D] in q's dtype. Callers check availability first."""
     lib = load()
     if lib is None:
         raise RuntimeError(unavailable_reason())
+    q, k, v, q_landmarks, k_landmarks, key_padding_mask, alpha_coeff, noise = inputs.as_args()
     b, h, n, d = q.shape
     c = q_landmarks.shape[-2]
     # q, k, v keep their (B, H, N) strides (e.g. views of one fused qkv projection): no copy when the
     # last dim is contiguous. The small per-head tensors are made contiguous.
-    qkv = [_unit_last_stride(t.to(torch.float32)) for t in (q, k, v)]
+    qkv = [unit_last_stride(t.to(torch.float32)) for t in (q, k, v)]
     ql, kl = (t.to(torch.float32).contiguous() for t in (q_landmarks, k_landmarks))
     strides = (ctypes.c_int64 * 9)(*(s for t in qkv for s in t.stride()[:3]))
     nz = None if noise is None else noise.to(torch.float32).contiguous()

@@ -13,7 +13,7 @@ from torch import Tensor
 
 from lara_serve.kernels import reference
 from lara_serve.kernels._cpu import lara_forward_cpu
-from lara_serve.kernels.dispatch import LaraInputs
+from lara_serve.kernels.inputs import LaraInputs
 from lara_serve.kernels.op import lara_attention_op
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -96,7 +96,7 @@ def lara_attention(
         # Eager training: differentiate the PyTorch path directly (one forward, no recompute).
         if backend not in (None, "torch"):
             raise ValueError(f"backend {backend!r} has no backward; training runs the 'torch' backend")
-        return lara_forward_cpu(q, k, v, q_landmarks, k_landmarks, key_padding_mask, alpha_coeff, noise)
+        return lara_forward_cpu(LaraInputs(q, k, v, q_landmarks, k_landmarks, key_padding_mask, alpha_coeff, noise))
     return lara_attention_op(
         q, k, v, q_landmarks, k_landmarks, key_padding_mask, noise, float(alpha_coeff), backend or ""
     )

@@ -8,7 +8,6 @@ reasons, so a user sees at once why (say) the Triton kernel was skipped.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -16,45 +15,7 @@ from torch import Tensor
 
 from lara_serve.kernels import _cpu_fused
 from lara_serve.kernels._cpu import lara_forward_cpu
-
-
-@dataclass(frozen=True)
-class LaraInputs:
-    """The validated arguments of one LARA call (see `lara_serve.kernels.lara_attention`)."""
-
-    q: Tensor
-    k: Tensor
-    v: Tensor
-    q_landmarks: Tensor
-    k_landmarks: Tensor
-    key_padding_mask: Tensor | None
-    alpha_coeff: float
-    noise: Tensor | None
-
-    def as_args(self) -> tuple:
-        """The fields in the positional order every backend's forward function takes."""
-        return (
-            self.q,
-            self.k,
-            self.v,
-            self.q_landmarks,
-            self.k_landmarks,
-            self.key_padding_mask,
-            self.alpha_coeff,
-            self.noise,
-        )
-
-    @property
-    def device(self) -> torch.device:
-        return self.q.device
-
-    @property
-    def head_dim(self) -> int:
-        return self.q.shape[-1]
-
-    @property
-    def num_landmarks(self) -> int:
-        return self.q_landmarks.shape[-2]
+from lara_serve.kernels.inputs import LaraInputs
 
 
 class Backend:
@@ -85,7 +46,7 @@ class TorchBackend(Backend):
 
     @classmethod
     def forward(cls, inputs: LaraInputs) -> Tensor:
-        return lara_forward_cpu(*inputs.as_args())
+        return lara_forward_cpu(inputs)
 
 
 class CpuFusedBackend(Backend):
@@ -110,7 +71,7 @@ class CpuFusedBackend(Backend):
 
     @classmethod
     def forward(cls, inputs: LaraInputs) -> Tensor:
-        return _cpu_fused.lara_forward_fused(*inputs.as_args())
+        return _cpu_fused.lara_forward_fused(inputs)
 
 
 def _triton_interpreting() -> bool:
@@ -145,7 +106,7 @@ class TritonBackend(Backend):
     def forward(cls, inputs: LaraInputs) -> Tensor:
         from lara_serve.kernels._triton import lara_forward_triton
 
-        return lara_forward_triton(*inputs.as_args())
+        return lara_forward_triton(inputs)
 
 
 # Order is preference: the fused kernels where they run, the blocked PyTorch path everywhere else.

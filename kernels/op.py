@@ -11,7 +11,8 @@ import torch
 from torch import Tensor
 
 from lara_serve.kernels._cpu import lara_forward_cpu
-from lara_serve.kernels.dispatch import LaraInputs, select_backend
+from lara_serve.kernels.dispatch import select_backend
+from lara_serve.kernels.inputs import LaraInputs
 
 
 @torch.library.custom_op("lara::attention", mutates_args=())
@@ -45,7 +46,7 @@ def _backward(ctx, grad_out: Tensor):
     q, k, v, ql, kl, mask, noise = ctx.saved_tensors
     diff = [t.detach().requires_grad_(True) for t in (q, k, v, ql, kl)]
     with torch.enable_grad():
-        out = lara_forward_cpu(*diff, mask, ctx.alpha_coeff, noise)
+        out = lara_forward_cpu(LaraInputs(*diff, mask, ctx.alpha_coeff, noise))
     grads = torch.autograd.grad(out, diff, grad_out, allow_unused=True)
     return (*grads, None, None, None, None)
 

@@ -39,14 +39,16 @@ def defer_to_installed(name: str, init_file: str) -> None:
         raise
 
 
-def lazy_exports(package: str, homes: dict[str, str]) -> Callable[[str], Any]:
-    """A PEP 562 `__getattr__` for `package`: each public name is imported from its home module on first use,
-    so importing a subpackage (`lara_serve.server.settings`, `lara_serve.kernels.ort_library` in the lean
-    install) does not import the whole package, and a bare-name import that was handed on runs nothing."""
+def lazy_exports(package: str, modules: dict[str, tuple[str, ...]]) -> tuple[list[str], Callable[[str], Any]]:
+    """(`__all__`, a PEP 562 `__getattr__`) for `package`, from {home module: its public names}: each name is
+    imported from its home on first use, so importing a subpackage (`lara_serve.server.settings`,
+    `lara_serve.kernels.ort_library` in the lean install) does not import the whole package, and a bare-name
+    import that was handed on runs nothing."""
+    homes = {name: module for module, names in modules.items() for name in names}
 
     def __getattr__(name: str) -> Any:
         if name not in homes:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         return getattr(importlib.import_module(homes[name]), name)
 
-    return __getattr__
+    return sorted(homes), __getattr__

@@ -15,18 +15,10 @@ if __name__ == "model_export":  # imported by the folder's bare name from the re
 
 from lara_serve._package import lazy_exports
 
-_HOMES = {
-    "AttentionConfig": "lara_serve.model_export.models.config",
-    "TextConfig": "lara_serve.model_export.models.config",
-    "ViTConfig": "lara_serve.model_export.models.config",
-    "build_model": "lara_serve.model_export.models.registry",
-    "create_model": "lara_serve.model_export.models.registry",
-    "get_config": "lara_serve.model_export.models.registry",
-    "list_models": "lara_serve.model_export.models.registry",
-    "load_config": "lara_serve.model_export.models.hub",
-    "load_pretrained": "lara_serve.model_export.models.hub",
-    "make_config_dict": "lara_serve.model_export.models.hub",
-    "save_pretrained": "lara_serve.model_export.models.hub",
+_MODELS = "lara_serve.model_export.models"
+_EXPORTS = {
+    f"{_MODELS}.config": ("AttentionConfig", "TextConfig", "ViTConfig"),
+    f"{_MODELS}.registry": ("build_model", "create_model", "get_config", "list_models"),
+    f"{_MODELS}.hub": ("load_config", "load_pretrained", "make_config_dict", "save_pretrained"),
 }
-__all__ = sorted(_HOMES)
-__getattr__ = lazy_exports(__name__, _HOMES)
+__all__, __getattr__ = lazy_exports(__name__, _EXPORTS)

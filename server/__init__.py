@@ -10,9 +10,5 @@ if __name__ == "server":  # imported by the folder's bare name from the reposito
 
 from lara_serve._package import lazy_exports
 
-_HOMES = {
-    "Settings": "lara_serve.server.settings",
-    "create_app": "lara_serve.server.app",
-}
-__all__ = sorted(_HOMES)
-__getattr__ = lazy_exports(__name__, _HOMES)
+_EXPORTS = {"lara_serve.server.settings": ("Settings",), "lara_serve.server.app": ("create_app",)}
+__all__, __getattr__ = lazy_exports(__name__, _EXPORTS)

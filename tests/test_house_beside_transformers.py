@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.metadata as metadata
 import json
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -24,9 +23,9 @@ import pytest
 
 from lara_serve.server.settings import REPO_ROOT
 from lara_serve.server.testing import server_process
+from tests.install_helpers import bare_venv, copy_sources
 
 pytestmark = pytest.mark.slow
-SOURCES = ("pyproject.toml", "README.md", "lara_serve", "server", "clients", "kernels", "model_export")
 HF = ("transformers", "kernels")
 
 
@@ -35,17 +34,9 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     for name in HF:
         pytest.importorskip(name, reason=f"{name} is in the [dev] install")
     root = tmp_path_factory.mktemp("beside")
-    src = root / "src"
-    for name in SOURCES:
-        path = REPO_ROOT / name
-        if path.is_dir():
-            shutil.copytree(path, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-        else:
-            src.mkdir(exist_ok=True)
-            shutil.copy2(path, src / name)
+    src = copy_sources(root)
     env = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True, timeout=120)
-    python = env / "bin" / "python"
+    python = bare_venv(env)
     site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
     # Borrowed after the venv's own site-packages: what the venv installs itself comes first.

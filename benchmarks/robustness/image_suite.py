@@ -15,8 +15,7 @@ import numpy as np
 
 from benchmarks.robustness import perturb, stats
 from benchmarks.robustness.cnn import CnnAnchor
-from benchmarks.robustness.runners import OnnxImage, Outputs, ood_row
-from lara_serve.model_export.head.calibration import calibration_bins
+from benchmarks.robustness.runners import OnnxImage, Outputs, calibration_row, ood_row
 
 NOISE_SIGMA = 25.0
 Log = Callable[[str], None]
@@ -92,15 +91,6 @@ def run_image(model: OnnxImage, s: ImageSettings, log: Log = print) -> dict[str,
         "ood_threshold": model.threshold,
         "cases": cases,
         "ood": ood,
-        "calibration": {
-            "model_ece": stats.ece(clean_m.probs, y),
-            "anchor_ece": stats.ece(clean_a.probs, y),
-            "model_bins": calibration_bins(clean_m.probs, y),
-            "anchor_bins": calibration_bins(clean_a.probs, y),
-        },
+        "calibration": calibration_row(clean_m, clean_a, y, model.threshold),
     }
-    if clean_m.ood is not None and model.threshold is not None:
-        result["calibration"]["test_in_distribution"] = stats.wilson(
-            int((clean_m.ood <= model.threshold).sum()), len(y)
-        )
     return result

@@ -1,8 +1,9 @@
 """The suite's perturbations: label-preserving changes of an article, filler placement, image transforms.
 
-Written apart from `lara_serve.model_export.training.augment` (training's perturbations) on purpose: the markup, the typo model
-and the filler placement here are not the ones training saw, so the suite measures robustness to a class of
-change, not recall of one recipe.
+Kept apart from `lara_serve.model_export.training.augment` (training's perturbations) on purpose: the markup, the typo model
+(keyboard neighbours) and the filler placement here are not the ones training saw, so the suite measures
+robustness to a class of change, not recall of one recipe. The mechanics they share (the typo loop, word
+wrapping) are augment's functions, written once.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import random
 import re
 
 import numpy as np
+
+from lara_serve.model_export.training.augment import typo_text, wrap_words
 
 SEP = b"\n\n"
 POSITIONS = ("append", "prepend", "interleave")
@@ -32,36 +35,12 @@ def _neighbours(c: str) -> str:
 def typos(text: str, rng: random.Random, rate: float = 0.02) -> str:
     """Each letter, with probability `rate`: swapped with the next character, dropped, doubled, or replaced
     by a keyboard neighbour."""
-    out: list[str] = []
-    i = 0
-    while i < len(text):
-        c = text[i]
-        if c.isalpha() and rng.random() < rate:
-            op = rng.randrange(4)
-            if op == 0 and i + 1 < len(text):
-                out += [text[i + 1], c]
-                i += 2
-                continue
-            out += {1: [], 2: [c, c]}.get(op, [rng.choice(_neighbours(c))])
-        else:
-            out.append(c)
-        i += 1
-    return "".join(out)
+    return typo_text(text, rng, rate, lambda c: rng.choice(_neighbours(c)), draw_always=True)
 
 
 def wrap(text: str, width: int = 64) -> str:
     """Hard-wrapped at `width` columns (an e-mail's body), blank lines between paragraphs kept."""
-    paras = []
-    for para in re.split(r"\n\s*\n|\n", text):
-        lines, line = [], ""
-        for w in para.split():
-            if line and len(line) + 1 + len(w) > width:
-                lines.append(line)
-                line = w
-            else:
-                line = f"{line} {w}" if line else w
-        paras.append("\n".join([*lines, line]))
-    return "\n\n".join(paras)
+    return "\n\n".join("\n".join(wrap_words(para.split(), width)) for para in re.split(r"\n\s*\n|\n", text))
 
 
 def html_page(text: str) -> str:

@@ -143,3 +143,20 @@ def ood_row(m: Outputs, a: Outputs, clean_m: Outputs, clean_a: Outputs, threshol
         if threshold is not None:
             row["flagged_out"] = stats.wilson(int((m.ood > threshold).sum()), len(m.probs))
     return row
+
+
+def calibration_row(clean_m: Outputs, clean_a: Outputs, y: np.ndarray, threshold: float | None) -> dict[str, Any]:
+    """Calibration on the clean test items: ECE and reliability bins of the model and the anchor, and, for a
+    graph with ood_score, the share of them the threshold keeps in distribution."""
+    from benchmarks.robustness import stats
+    from lara_serve.model_export.head.calibration import calibration_bins
+
+    row: dict[str, Any] = {
+        "model_ece": stats.ece(clean_m.probs, y),
+        "anchor_ece": stats.ece(clean_a.probs, y),
+        "model_bins": calibration_bins(clean_m.probs, y),
+        "anchor_bins": calibration_bins(clean_a.probs, y),
+    }
+    if clean_m.ood is not None and threshold is not None:
+        row["test_in_distribution"] = stats.wilson(int((clean_m.ood <= threshold).sum()), len(y))
+    return row

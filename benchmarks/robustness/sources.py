@@ -23,7 +23,7 @@ from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
-from lara_serve.model_export.training.augment import EVAL_LICENCE_FAMILIES
+from lara_serve.model_export.training.augment import EVAL_LICENCE_FAMILIES, read_text_files
 
 FILLER_SOURCES = ("lorem", "licence", "code", "prose", "nonenglish")
 OOD_TEXT_SOURCES = ("random", "code", "nonenglish", "lorem")
@@ -129,20 +129,7 @@ def random_bytes(rng: random.Random, n_bytes: int) -> bytes:
 
 
 def _read(paths: list[Path]) -> list[bytes]:
-    out, total = [], 0
-    for p in sorted(paths):
-        try:
-            raw = p.read_bytes()[:_FILE_BYTES]
-        except OSError:
-            continue
-        text = raw.decode("utf-8", errors="ignore")
-        if len(text) < 200 or "\x00" in text:
-            continue
-        out.append(text.encode("utf-8"))
-        total += len(out[-1])
-        if total >= _POOL_BYTES:
-            break
-    return out
+    return read_text_files(paths, lambda _, text: len(text) >= 200 and "\x00" not in text, _FILE_BYTES, _POOL_BYTES)
 
 
 def licence_files(root: Path = Path("/usr/share/common-licenses")) -> list[Path]:

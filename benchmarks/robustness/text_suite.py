@@ -20,8 +20,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.robustness import perturb, sources, stats
-from benchmarks.robustness.runners import OnnxText, Outputs, TfidfAnchor, ood_row
-from lara_serve.model_export.head.calibration import calibration_bins
+from benchmarks.robustness.runners import OnnxText, Outputs, TfidfAnchor, calibration_row, ood_row
 
 SOTU_LENGTHS_KB = (1, 2, 4, 16)
 Log = Callable[[str], None]
@@ -181,17 +180,8 @@ def run_text(model: OnnxText, s: TextSettings, log: Log = print) -> dict[str, An
         "cases": cases,
         "filler": filler,
         "filler_clean": _case(_take(clean_m, nf), _take(clean_a, nf), labels[:nf]) if filler else None,
-        "calibration": {
-            "model_ece": stats.ece(clean_m.probs, y),
-            "anchor_ece": stats.ece(clean_a.probs, y),
-            "model_bins": calibration_bins(clean_m.probs, y),
-            "anchor_bins": calibration_bins(clean_a.probs, y),
-        },
+        "calibration": calibration_row(clean_m, clean_a, y, model.threshold),
     }
-    if clean_m.ood is not None and model.threshold is not None:
-        result["calibration"]["test_in_distribution"] = stats.wilson(
-            int((clean_m.ood <= model.threshold).sum()), len(y)
-        )
     if dataset == "news" and s.sotu:
         result["sotu"] = _sotu(model, anchor, s)
         log(f"  sotu: {result['sotu']['whole']['model']['value']:.3f} whole")

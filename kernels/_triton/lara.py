@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from lara_serve.kernels.inputs import LaraInputs, unit_last_stride
 from lara_serve.kernels.reference import ALPHA_FLOOR
 
 LOG2E = 1.4426950408889634  # log2(e): natural-log quantities times this are base-2
@@ -57,6 +58,12 @@ def _load_samples(QL, KL, NOISE, lm_off, noise_off, c_idx, d_idx, C, D: tl.const
     if HAS_NOISE:
         w = mu + tl.load(NOISE + noise_off + offs, mask=cm, other=0.0).to(tl.float32)
     return w, ql, mu
+
+
+@triton.jit
+def _batch_head(pid_bh, H):
+    """(b, h) of a program over the B*H axis; b in int64, as b * stride may pass 2^31 for large batches."""
+    return (pid_bh // H).to(tl.int64), pid_bh % H
 
 
 @triton.jit
@@ -85,8 +92,7 @@ def _lara_keys_kernel(
     pid_s = tl.program_id(0)
     pid_c = tl.program_id(1)
     pid_bh = tl.program_id(2)
-    b = (pid_bh // H).to(tl.int64)  # int64: b * stride may pass 2^31 for large batches
-    h = pid_bh % H
+    b, h = _batch_head(pid_bh, H)
     c_idx = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     d_idx = tl.arange(0, D)
     op_dtype = K.dtype.element_ty
@@ -160,8 +166,7 @@ def _lara_combine_kernel(
 ):  # fmt: skip
     pid_c = tl.program_id(0)
     pid_bh = tl.program_id(1)
-    b = (pid_bh // H).to(tl.int64)  # int64: b * stride may pass 2^31 for large batches
-    h = pid_bh % H
+    b, h = _batch_head(pid_bh, H)
     c_idx = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     d_idx = tl.arange(0, D)
     cm = c_idx < C
@@ -231,8 +236,7 @@ def _lara_queries_kernel(
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
-    b = (pid_bh // H).to(tl.int64)  # int64: b * stride may pass 2^31 for large batches
-    h = pid_bh % H
+    b, h = _batch_head(pid_bh, H)
     n_idx = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     d_idx = tl.arange(0, D)
     valid = _valid_rows(MASK, b, n_idx, N, HAS_MASK)
@@ -361,36 +365,21 @@ def _check_inputs(q, k, v, q_landmarks, k_landmarks, key_padding_mask, noise) ->
     assert len(devices) == 1, f"all inputs must be on one device, got {devices}"
 
 
-def _rows_contiguous(t: Tensor) -> Tensor:
-    """The kernels take any strides over B, H, N but need the head dim contiguous."""
-    return t if t.stride(-1) == 1 else t.contiguous()
-
-
-def lara_forward_triton(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    q_landmarks: Tensor,
-    k_landmarks: Tensor,
-    key_padding_mask: Tensor | None,
-    alpha_coeff: float,
-    noise: Tensor | None,
-    *,
-    config: LaunchConfig | None = None,
-) -> Tensor:
+def lara_forward_triton(inputs: LaraInputs, *, config: LaunchConfig | None = None) -> Tensor:
     """LARA forward with the fused kernels; same contract as `lara_serve.kernels._cpu.lara_forward_cpu`.
 
     q, k, v: [B, H, N, D] fp16/bf16/fp32, D in {16, 32, 64, 128}; q_landmarks, k_landmarks: [B, H, C, D],
     C <= 256; key_padding_mask: [B, N] bool (True = padding) or None; noise: [B or 1, H, C, D] or None.
     Returns [B, H, N, D] in q's dtype; padded query rows and fully padded sequences are zero.
     """
+    q, k, v, q_landmarks, k_landmarks, key_padding_mask, alpha_coeff, noise = inputs.as_args()
     _check_inputs(q, k, v, q_landmarks, k_landmarks, key_padding_mask, noise)
     b, h, n, d = q.shape
     c = q_landmarks.shape[-2]
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if n == 0 or b * h == 0:
         return out
-    q, k, v = (_rows_contiguous(t) for t in (q, k, v))
+    q, k, v = (unit_last_stride(t) for t in (q, k, v))
     ql, kl = q_landmarks.contiguous(), k_landmarks.contiguous()
     cfg = _default_config(config or LaunchConfig(), b * h, n, c, d, q.dtype, q.device)
     has_noise, has_mask = noise is not None, key_padding_mask is not None

@@ -23,7 +23,7 @@ from __future__ import annotations
 import random
 import re
 import sysconfig
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -45,23 +45,36 @@ _MAX_SOURCE_BYTES = 4_000_000  # per kind: enough variety, bounded start-up time
 _MAX_FILE_BYTES = 200_000
 
 
-def _read_files(paths: Sequence[Path], skip: Sequence[str] = ()) -> list[bytes]:
-    """Each file's bytes (sorted paths, bounded sizes), skipping files that contain any of `skip`."""
+def read_text_files(
+    paths: Sequence[Path], keep: Callable[[bytes, str], bool], file_bytes: int, total_bytes: int
+) -> list[bytes]:
+    """The text of each file (sorted paths; its first `file_bytes`, undecodable bytes dropped, as UTF-8) that
+    `keep(raw, text)` accepts, until `total_bytes` are held. Unreadable files are passed over. Shared with
+    `benchmarks.robustness.sources`, which reads its own (evaluation) files with its own `keep`."""
     out: list[bytes] = []
     total = 0
     for path in sorted(paths):
         try:
-            raw = path.read_bytes()[:_MAX_FILE_BYTES]
+            raw = path.read_bytes()[:file_bytes]
         except OSError:
             continue
         text = raw.decode("utf-8", errors="ignore")
-        if len(raw) < 200 or any(s.lower() in text.lower() for s in skip):
+        if not keep(raw, text):
             continue
         out.append(text.encode("utf-8"))
         total += len(out[-1])
-        if total >= _MAX_SOURCE_BYTES:
+        if total >= total_bytes:
             break
     return out
+
+
+def _read_files(paths: Sequence[Path], skip: Sequence[str] = ()) -> list[bytes]:
+    """Each file's bytes (sorted paths, bounded sizes), skipping files that contain any of `skip`."""
+
+    def keep(raw: bytes, text: str) -> bool:
+        return len(raw) >= 200 and not any(s.lower() in text.lower() for s in skip)
+
+    return read_text_files(paths, keep, _MAX_FILE_BYTES, _MAX_SOURCE_BYTES)
 
 
 def _metadata_prose(raw: bytes) -> bytes:
@@ -227,16 +240,7 @@ def change_whitespace(raw: bytes, rng: random.Random) -> bytes:
     if mode == 0:  # collapse: everything on one line
         return " ".join(text.split()).encode("utf-8")
     if mode == 1:  # hard-wrapped at a random width, as e-mails and plain-text pages are
-        width = rng.randrange(40, 100)
-        words, lines, line = text.split(), [], ""
-        for w in words:
-            if line and len(line) + len(w) + 1 > width:
-                lines.append(line)
-                line = w
-            else:
-                line = f"{line} {w}" if line else w
-        lines.append(line)
-        return "\n".join(lines).encode("utf-8")
+        return "\n".join(wrap_words(text.split(), rng.randrange(40, 100))).encode("utf-8")
     # widened: tabs, runs of spaces and blank lines
     return re.sub(r" ", lambda _: rng.choice((" ", "  ", "\t", " \n")), text).encode("utf-8")
 
@@ -249,30 +253,51 @@ def add_markup(raw: bytes, rng: random.Random) -> bytes:
     return f"<html><body><article>\n{body}\n</article></body></html>".encode()
 
 
-def add_typos(raw: bytes, rng: random.Random, rate: float = 0.02) -> bytes:
-    """Character-level typos at `rate` per character: swaps, deletions, insertions and substitutions."""
-    chars = list(raw.decode("utf-8", errors="ignore"))
+def wrap_words(words: Sequence[str], width: int) -> list[str]:
+    """Words joined by single spaces into lines of at most `width` characters (a longer word: a line alone).
+    Shared with `benchmarks.robustness.perturb`, which wraps each paragraph at a fixed width."""
+    lines, line = [], ""
+    for w in words:
+        if line and len(line) + len(w) + 1 > width:
+            lines.append(line)
+            line = w
+        else:
+            line = f"{line} {w}" if line else w
+    lines.append(line)
+    return lines
+
+
+def typo_text(
+    text: str, rng: random.Random, rate: float, substitute: Callable[[str], str], *, draw_always: bool = False
+) -> str:
+    """Each letter, with probability `rate`, swapped with the next character, dropped, doubled or replaced by
+    `substitute(letter)` (also the fate of a swap drawn for the last character).
+
+    draw_always: call `substitute` for every typo, used or not. `benchmarks.robustness.perturb` does, so that
+    its seeded inputs (and the published robustness numbers) stay what they were; training does not.
+    """
     out: list[str] = []
     i = 0
-    while i < len(chars):
-        c = chars[i]
+    while i < len(text):
+        c = text[i]
         if c.isalpha() and rng.random() < rate:
             op = rng.randrange(4)
-            if op == 0 and i + 1 < len(chars):
-                out += [chars[i + 1], c]
+            if op == 0 and i + 1 < len(text):
+                out += [text[i + 1], c]
                 i += 2
                 continue
-            if op == 1:
-                i += 1
-                continue
-            if op == 2:
-                out += [c, c]
-            else:
-                out.append(rng.choice("abcdefghijklmnopqrstuvwxyz"))
+            sub = substitute(c) if draw_always or op in (0, 3) else ""
+            out += [] if op == 1 else [c, c] if op == 2 else [sub]
         else:
             out.append(c)
         i += 1
-    return "".join(out).encode("utf-8")
+    return "".join(out)
+
+
+def add_typos(raw: bytes, rng: random.Random, rate: float = 0.02) -> bytes:
+    """Character-level typos at `rate` per character: swaps, deletions, insertions and substitutions."""
+    text = raw.decode("utf-8", errors="ignore")
+    return typo_text(text, rng, rate, lambda _: rng.choice("abcdefghijklmnopqrstuvwxyz")).encode("utf-8")
 
 
 def insert_filler(article: bytes, filler: bytes, where: str, rng: random.Random) -> bytes:

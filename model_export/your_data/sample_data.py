@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from lara_serve.model_export.models.registry import FASHION_LABELS, GENRE_LABELS
 from lara_serve.model_export.training.data import NEWS_CLASSES, load_fashion, load_news
@@ -27,22 +29,22 @@ def _parts(split: str) -> tuple[str, ...]:
     return ("train", "test") if split == "all" else (split,)
 
 
-def write_news(out: Path, split: str = "all") -> int:
-    docs = [d for part in _parts(split) for d in load_news(part)]
+def _write_jsonl(out: Path, docs: Sequence[Any], labels: Sequence[str]) -> int:
+    """One {"text", "label"} line per document (its label index named by `labels`); returns the count."""
     with out.open("w") as f:
         for d in docs:
-            f.write(json.dumps({"text": d.text, "label": NEWS_CLASSES[d.label]}) + "\n")
+            f.write(json.dumps({"text": d.text, "label": labels[d.label]}) + "\n")
     return len(docs)
+
+
+def write_news(out: Path, split: str = "all") -> int:
+    return _write_jsonl(out, [d for part in _parts(split) for d in load_news(part)], NEWS_CLASSES)
 
 
 def write_brown(out: Path, split: str = "all") -> int:
     from lara_serve.model_export.training.brown import load_brown
 
-    docs = [d for part in _parts(split) for d in load_brown(part)]
-    with out.open("w") as f:
-        for d in docs:
-            f.write(json.dumps({"text": d.text, "label": GENRE_LABELS[d.label]}) + "\n")
-    return len(docs)
+    return _write_jsonl(out, [d for part in _parts(split) for d in load_brown(part)], GENRE_LABELS)
 
 
 def write_fashion(out: Path, limit: int | None, split: str = "train") -> int:

@@ -22,6 +22,7 @@ import pytest
 from smoke_data import ROOT, Example, clear_examples, need
 from test_container import listening_addresses
 
+from deploy.ray.processes import alive, descendants, processes, stop_driver
 from lara_serve.clients.client import LaraClient
 from lara_serve.server.testing import free_port
 
@@ -42,45 +43,6 @@ def ray_python() -> str:
     if done.returncode != 0:
         need(f"could not make the Ray Serve venv: {done.stderr.strip()[-1500:]}")
     return done.stdout.strip().splitlines()[-1]
-
-
-def processes() -> dict[int, tuple[int, str]]:
-    """pid -> (parent pid, command line) of every process now."""
-    out = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-        except OSError:
-            continue  # gone meanwhile
-        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        out[int(entry.name)] = (ppid, cmdline)
-    return out
-
-
-def descendants(root: int) -> set[int]:
-    table, found, frontier = processes(), set(), {root}
-    while frontier:
-        children = {pid for pid, (ppid, _) in table.items() if ppid in frontier} - found
-        found |= children
-        frontier = children
-    return found
-
-
-def alive(pids: set[int]) -> set[int]:
-    """Those still running as Ray processes (a zombie has exited; a PID reused by another program is not ours)."""
-    running = set()
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if state != "Z" and b"ray" in cmdline:
-            running.add(pid)
-    return running
 
 
 @pytest.fixture(scope="module")
@@ -122,16 +84,7 @@ def ray_app() -> Iterator[tuple[str, subprocess.Popen[bytes], Path]]:
         yield f"http://127.0.0.1:{port}", driver, log_path
     finally:
         # Whatever the tests did: stop the driver, then every process Ray started that is still there.
-        if driver.poll() is None:
-            tree = descendants(driver.pid)
-            driver.send_signal(signal.SIGTERM)
-            try:
-                driver.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                driver.kill()
-                driver.wait(timeout=30)
-        for pid in alive(tree):
-            os.kill(pid, signal.SIGKILL)
+        stop_driver(driver, tree, timeout_s=60)
         subprocess.run(["rm", "-rf", str(temp_dir)], timeout=120)
 
 

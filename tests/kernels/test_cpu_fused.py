@@ -41,7 +41,9 @@ def _max_err(a: torch.Tensor, b: torch.Tensor) -> float:
 def _fused(args, mask, noise, dtype=torch.float32, force_generic=False, threads=None):
     cast = [t.to(dtype) for t in args]
     nz = None if noise is None else noise.to(dtype)
-    return _cpu_fused.lara_forward_fused(*cast, mask, 1.0, nz, force_generic=force_generic, num_threads=threads)
+    return _cpu_fused.lara_forward_fused(
+        LaraInputs(*cast, mask, 1.0, nz), force_generic=force_generic, num_threads=threads
+    )
 
 
 @pytest.mark.parametrize("force_generic", VARIANTS)
@@ -153,8 +155,8 @@ def test_bitwise_same_alone_and_in_any_batch(lengths, extra_pad, target, c, thre
     one = [t[target : target + 1, :, :m].contiguous() for t in (q, k, v)]
     one_l = [t[target : target + 1].contiguous() for t in (ql, kl)]
     for nz in (None, noise):
-        batched = _cpu_fused.lara_forward_fused(q, k, v, ql, kl, mask, 1.0, nz, num_threads=threads)
-        alone = _cpu_fused.lara_forward_fused(*one, *one_l, None, 1.0, nz)
+        batched = _cpu_fused.lara_forward_fused(LaraInputs(q, k, v, ql, kl, mask, 1.0, nz), num_threads=threads)
+        alone = _cpu_fused.lara_forward_fused(LaraInputs(*one, *one_l, None, 1.0, nz))
         assert torch.equal(alone, batched[target : target + 1, :, :m])
         assert (batched[target, :, m:] == 0).all()
 
@@ -178,11 +180,13 @@ def test_strided_views_of_a_fused_qkv_give_the_same_bits_as_contiguous_copies():
     assert not q.is_contiguous()
     mask = tail_padding([300, 200], n)
     ql, kl = chunk_means_1d(q, c, mask), chunk_means_1d(k, c, mask)
-    views = _cpu_fused.lara_forward_fused(q, k, v, ql, kl, mask, 1.0, None)
-    copies = _cpu_fused.lara_forward_fused(q.contiguous(), k.contiguous(), v.contiguous(), ql, kl, mask, 1.0, None)
+    views = _cpu_fused.lara_forward_fused(LaraInputs(q, k, v, ql, kl, mask, 1.0, None))
+    copies = _cpu_fused.lara_forward_fused(
+        LaraInputs(q.contiguous(), k.contiguous(), v.contiguous(), ql, kl, mask, 1.0, None)
+    )
     assert torch.equal(views, copies)
     odd = q.transpose(-1, -2).contiguous().transpose(-1, -2)  # last dim not contiguous: copied first
-    assert torch.equal(_cpu_fused.lara_forward_fused(odd, k, v, ql, kl, mask, 1.0, None), views)
+    assert torch.equal(_cpu_fused.lara_forward_fused(LaraInputs(odd, k, v, ql, kl, mask, 1.0, None)), views)
 
 
 def test_dispatch_prefers_the_kernel_on_cpu():
@@ -209,7 +213,7 @@ def test_missing_compiler_warns_once_and_falls_back(no_kernel):
     mask = tail_padding([33, 20], 33)
     with pytest.warns(UserWarning, match="unavailable.*PyTorch path"):
         out = kernels.lara_attention(q, k, v, ql, kl, key_padding_mask=mask)
-    assert torch.equal(out, lara_forward_cpu(q, k, v, ql, kl, mask, 1.0, None))
+    assert torch.equal(out, lara_forward_cpu(LaraInputs(q, k, v, ql, kl, mask, 1.0, None)))
     reasons = kernels.describe_backends(q, k, v, ql, kl)
     assert reasons["chosen"] == "torch" and "no-such-compiler" in reasons["reasons"]["cpu_fused"][0]
     import warnings
@@ -218,7 +222,7 @@ def test_missing_compiler_warns_once_and_falls_back(no_kernel):
         warnings.simplefilter("error")  # the warning is given once, not per request
         kernels.lara_attention(q, k, v, ql, kl, key_padding_mask=mask)
     with pytest.raises(RuntimeError, match="no-such-compiler"):
-        _cpu_fused.lara_forward_fused(q, k, v, ql, kl, mask, 1.0, None)
+        _cpu_fused.lara_forward_fused(LaraInputs(q, k, v, ql, kl, mask, 1.0, None))
 
 
 def test_switch_off_by_environment(monkeypatch):

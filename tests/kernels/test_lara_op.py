@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from lara_serve import kernels
 from lara_serve.kernels._cpu import lara_forward_cpu
+from lara_serve.kernels.inputs import LaraInputs
 from lara_serve.kernels.landmarks import chunk_means_1d
 from lara_serve.kernels.reference import lara_attention_ref
 from tests.kernels.conftest import make_inputs, tail_padding
@@ -36,7 +37,9 @@ def test_torch_backend_matches_float64_reference(n, c, d, padded, with_noise):
         torch.randn(1, 2, c, d, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) if with_noise else None
     )
     ref = lara_attention_ref(q, k, v, ql, kl, mask, 1.0, noise)
-    torch.testing.assert_close(lara_forward_cpu(q, k, v, ql, kl, mask, 1.0, noise, 256), ref, rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        lara_forward_cpu(LaraInputs(q, k, v, ql, kl, mask, 1.0, noise), 256), ref, rtol=0, atol=1e-12
+    )
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         args = [t.to(dtype) for t in (q, k, v, ql, kl)]
         nz = None if noise is None else noise.to(dtype)

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from lara_serve.kernels import _cpu_fused, ort_library
+from lara_serve.kernels.inputs import LaraInputs
 from lara_serve.kernels.reference import lara_attention_ref
 from lara_serve.server.backends import BackendUnavailable
 from lara_serve.server.backends.onnx_runtime import OnnxRuntimeBackend
@@ -73,7 +74,7 @@ def test_matches_float64_reference_and_the_torch_kernel(n, c, d, padded, noise_b
     plain = lara_attention_ref(*f32, mask, alpha, None if noise is None else noise.float())
     err = np.abs(got - ref.numpy()).max()
     assert err <= max(2 * (plain.double() - ref).abs().max().item(), 1e-6), err
-    omp = _cpu_fused.lara_forward_fused(*f32, mask, alpha, None if noise is None else noise.float())
+    omp = _cpu_fused.lara_forward_fused(LaraInputs(*f32, mask, alpha, None if noise is None else noise.float()))
     assert np.array_equal(got, omp.numpy())
     if padded:
         assert np.all(got[2] == 0)  # the fully padded document: zeros, no NaN

@@ -25,6 +25,7 @@ import torch  # noqa: E402
 
 from lara_serve.kernels._cpu import lara_forward_cpu  # noqa: E402
 from lara_serve.kernels._triton import LaunchConfig, lara_forward_triton  # noqa: E402
+from lara_serve.kernels.inputs import LaraInputs  # noqa: E402
 from lara_serve.kernels.reference import lara_attention_ref  # noqa: E402
 
 F64 = torch.float64
@@ -46,7 +47,7 @@ def _inputs(b, h, n, d, c, *, seed, scale=1.0, lengths=None, noise_batch=None):
 
 
 def _run(fn, xs, mask, noise, alpha, dtype, **kw):
-    return fn(*(x.to(dtype) for x in xs), mask, alpha, None if noise is None else noise.to(dtype), **kw)
+    return fn(LaraInputs(*(x.to(dtype) for x in xs), mask, alpha, None if noise is None else noise.to(dtype)), **kw)
 
 
 def _err(out, ref):
@@ -80,7 +81,9 @@ def test_matches_float64_reference(case, dtype):
     torch_err = _err(_run(lara_forward_cpu, xs_r, mask, noise_r, alpha, dtype), ref)
     assert err <= 2 * torch_err + FLOOR[dtype](ref), f"kernel {err:.3g} vs PyTorch {torch_err:.3g}"
     if dtype == torch.float16:  # flash-attention's baseline: the reference evaluated in fp16 throughout
-        naive_err = _err(_run(lara_attention_ref, xs_r, mask, noise_r, alpha, dtype), ref)
+        naive_err = _err(
+            _run(lambda inputs: lara_attention_ref(*inputs.as_args()), xs_r, mask, noise_r, alpha, dtype), ref
+        )
         assert err <= 2 * naive_err + FLOOR[dtype](ref), f"kernel {err:.3g} vs fp16 reference {naive_err:.3g}"
     if mask is not None:  # padded query rows (and a fully padded sequence) are exactly zero
         assert (out.masked_select(mask[:, None, :, None]) == 0).all()
@@ -89,7 +92,9 @@ def test_matches_float64_reference(case, dtype):
 def test_split_count_does_not_change_the_result():
     xs, mask, noise = _inputs(1, 1, 64, 32, 8, seed=1, lengths=[50], noise_batch=1)
     xs, noise = [x.float() for x in xs], noise.float()
-    outs = [lara_forward_triton(*xs, mask, 1.0, noise, config=LaunchConfig(num_splits=s)) for s in (1, 2, 4)]
+    outs = [
+        lara_forward_triton(LaraInputs(*xs, mask, 1.0, noise), config=LaunchConfig(num_splits=s)) for s in (1, 2, 4)
+    ]
     for o in outs[1:]:
         torch.testing.assert_close(o, outs[0], rtol=1e-6, atol=1e-6)
 
@@ -99,13 +104,13 @@ def test_padding_content_is_ignored_and_runs_are_deterministic():
     outputs at valid positions are unchanged."""
     xs, mask, _ = _inputs(2, 1, 24, 16, 4, seed=2, lengths=[24, 10])
     xs = [x.float() for x in xs]
-    out = lara_forward_triton(*xs, mask, 1.0, None)
+    out = lara_forward_triton(LaraInputs(*xs, mask, 1.0, None))
     junk = [x.clone() for x in xs]
     for t in junk[:3]:
         t[1, :, 10:] = float("nan")
-    out_junk = lara_forward_triton(*junk, mask, 1.0, None)
+    out_junk = lara_forward_triton(LaraInputs(*junk, mask, 1.0, None))
     torch.testing.assert_close(out_junk, out, rtol=0, atol=0)
-    assert torch.equal(lara_forward_triton(*xs, mask, 1.0, None), out)
+    assert torch.equal(lara_forward_triton(LaraInputs(*xs, mask, 1.0, None)), out)
 
 
 def test_strided_inputs():
@@ -115,7 +120,7 @@ def test_strided_inputs():
     qkv = torch.randn(b, n, 3, h, d, generator=g)  # like a fused qkv Linear output
     q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))  # [B, H, N, D] views
     ql, kl = (torch.randn(b, h, c, d, generator=g) * 0.5 for _ in range(2))
-    out = lara_forward_triton(q, k, v, ql, kl, None, 1.0, None)
+    out = lara_forward_triton(LaraInputs(q, k, v, ql, kl, None, 1.0, None))
     ref = lara_attention_ref(*(x.double() for x in (q, k, v, ql, kl)))
     torch.testing.assert_close(out.double(), ref, rtol=0, atol=1e-5)
 
@@ -125,7 +130,7 @@ def test_public_api_runs_triton_through_the_op():
     q, k, v, ql, kl = (x.half() for x in xs)
     kw = dict(key_padding_mask=mask, alpha_coeff=1.5, noise=noise.half())
     out = kernels.lara_attention(q, k, v, ql, kl, backend="triton", **kw)
-    direct = lara_forward_triton(q, k, v, ql, kl, mask, 1.5, noise.half())
+    direct = lara_forward_triton(LaraInputs(q, k, v, ql, kl, mask, 1.5, noise.half()))
     assert torch.equal(out, direct)
     torch.testing.assert_close(out, kernels.lara_attention(q, k, v, ql, kl, backend="torch", **kw), rtol=0, atol=2e-3)
 
@@ -133,7 +138,7 @@ def test_public_api_runs_triton_through_the_op():
 def test_launcher_rejects_bad_inputs_with_a_message():
     xs, _, _ = _inputs(1, 1, 4, 24, 2, seed=5)
     with pytest.raises(AssertionError, match="head dim"):
-        lara_forward_triton(*(x.float() for x in xs), None, 1.0, None)
+        lara_forward_triton(LaraInputs(*(x.float() for x in xs), None, 1.0, None))
     xs, _, _ = _inputs(1, 1, 4, 16, 2, seed=5)
     with pytest.raises(AssertionError, match="key_padding_mask"):
-        lara_forward_triton(*(x.float() for x in xs), torch.zeros(1, 5, dtype=torch.bool), 1.0, None)
+        lara_forward_triton(LaraInputs(*(x.float() for x in xs), torch.zeros(1, 5, dtype=torch.bool), 1.0, None))

@@ -75,3 +75,15 @@ def padded_batch(docs: list[torch.Tensor], width: int) -> tuple[torch.Tensor, to
         ids[i, : len(d)], mask[i, : len(d)] = d, 1
     ids[0, 40:] = torch.where(mask[0, 40:] > 0, ids[0, 40:], 99)
     return ids, mask
+
+
+def assert_padding_invariant(model: torch.nn.Module, seqs: list[list[int]], atol: float) -> None:
+    """A text model's logits for each sequence are the same in a padded batch as alone (up to `atol`)."""
+    from lara_serve.model_export.training.data import pad_batch
+
+    ids, mask = pad_batch(seqs)
+    with torch.no_grad():
+        batched = model(ids, mask)
+        for i, s in enumerate(seqs):
+            alone = model(torch.tensor([s]), torch.ones(1, len(s), dtype=torch.int64))
+            torch.testing.assert_close(batched[i : i + 1], alone, atol=atol, rtol=0)

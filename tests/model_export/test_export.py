@@ -20,6 +20,7 @@ from onnx import TensorProto, helper
 from lara_serve import kernels
 from lara_serve.kernels import onnx_export
 from lara_serve.kernels._cpu import lara_forward_cpu
+from lara_serve.kernels.inputs import LaraInputs
 from lara_serve.kernels.reference import lara_attention_ref
 from lara_serve.model_export import create_model, load_pretrained
 from lara_serve.model_export.export import exporter as ex
@@ -110,7 +111,7 @@ def test_function_body_matches_reference(n, c, masked, noisy, alpha):
     ref64 = lara_attention_ref(
         *(t.double() for t in (q, k, v, ql, kl)), mask, alpha, None if noise is None else noise.double()
     )
-    ref32 = lara_forward_cpu(q, k, v, ql, kl, mask, alpha, noise)
+    ref32 = lara_forward_cpu(LaraInputs(q, k, v, ql, kl, mask, alpha, noise))
     err_torch = (ref32.double() - ref64).abs().max().item()
     err_onnx = np.abs(got - ref64.numpy()).max()
     assert err_onnx <= max(2 * err_torch, 1e-5), (err_onnx, err_torch)
@@ -152,7 +153,7 @@ def test_silent_fallback_is_caught():
     with torch.no_grad():
         np.testing.assert_allclose(session.run(None, {"x": x.numpy()})[0], OneLayer()(x).numpy(), atol=1e-5)
 
-    decompose = lambda *a: lara_forward_cpu(*a[:5], a[5], a[7], a[6])  # noqa: E731 - op args -> _cpu args
+    decompose = lambda *a: lara_forward_cpu(LaraInputs(*a[:5], a[5], a[7], a[6]))  # noqa: E731 - op args -> _cpu args
     with mock.patch("lara_serve.kernels.api.lara_attention_op", side_effect=decompose):
         decomposed = _export_one_layer(x)
     assert onnx_export.count_lara_nodes(decomposed) == 0

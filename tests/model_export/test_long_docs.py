@@ -17,6 +17,7 @@ from lara_serve.model_export.training import brown
 from lara_serve.model_export.training.data import pad_batch, stratified_folds
 from lara_serve.model_export.training.long_docs import LengthMixTask, accuracy_on, make_composites, to_ids
 from lara_serve.model_export.training.tasks import fold_split, text_docs
+from tests.model_export.conftest import assert_padding_invariant
 
 REPO = Path(__file__).resolve().parents[2] / "model_repository"
 NEWS, GENRE = REPO / "lara-text-news", REPO / "lara-text-genre"
@@ -138,13 +139,7 @@ def test_head_prob_starts_windows_at_the_document_head() -> None:
 def test_conv_positions_are_padding_invariant_and_exportable_shapes() -> None:
     torch.manual_seed(0)
     model = build_model(get_config("tiny-text")).eval()
-    seqs = [list(range(1, 200)), list(range(5, 40))]
-    ids, mask = pad_batch(seqs)
-    with torch.no_grad():
-        batched = model(ids, mask)
-        for i, s in enumerate(seqs):
-            alone = model(torch.tensor([s]), torch.ones(1, len(s), dtype=torch.int64))
-            torch.testing.assert_close(batched[i : i + 1], alone, atol=1e-6, rtol=0)
+    assert_padding_invariant(model, [list(range(1, 200)), list(range(5, 40))], atol=1e-6)
     with pytest.raises(ValueError, match="odd"):
         build_model(get_config("tiny-text", conv_kernel=4))
 

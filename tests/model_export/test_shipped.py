@@ -10,6 +10,7 @@ import torch
 
 from lara_serve import model_export as me
 from lara_serve.model_export.training.data import encode_bytes, normalize_images, pad_batch
+from tests.model_export.conftest import assert_padding_invariant
 
 REPO = Path(__file__).resolve().parents[2] / "model_repository"
 VIT, TEXT = REPO / "lara-vit-fashion", REPO / "lara-text-news"
@@ -73,9 +74,4 @@ def test_text_padding_invariance_shipped(news_test):
     model = me.load_pretrained(TEXT)
     seqs = [encode_bytes(d.text, 600) for d in news_test[:3]]
     seqs[1] = seqs[1][:100]
-    ids, mask = pad_batch(seqs)
-    with torch.no_grad():
-        batched = model(ids, mask)
-        for i, s in enumerate(seqs):
-            alone = model(torch.tensor([s]), torch.ones(1, len(s), dtype=torch.int64))
-            torch.testing.assert_close(batched[i : i + 1], alone, atol=1e-5, rtol=0)
+    assert_padding_invariant(model, seqs, atol=1e-5)
