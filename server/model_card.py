@@ -21,7 +21,14 @@ _SUITS = {
     "texts (a headline, a sentence) are out of distribution and get unreliable labels",
     "image": "one centred object on a plain dark background, greyscale, like the training set (see data); the "
     "image is converted to greyscale and resized to {w}x{h}",
+    # A model whose config.json turns the preparation steps on (server.preprocess.prepare_image).
+    "image_prepared": "a single object (the shipped model: a garment), centred and filling most of the picture, on "
+    "a plain background: light on dark or dark on light, opaque or on a transparent background, any size and "
+    "aspect ratio: it is fitted to {w}x{h} keeping its aspect ratio, padded with the background. Unsuited: "
+    "several objects, a person wearing the garment, a busy or patterned background",
 }
+# Pillow's mode "L", the conversion every image model's greyscale input goes through.
+GREYSCALE = "ITU-R 601-2 luma (Pillow mode L): L = R * 299/1000 + G * 587/1000 + B * 114/1000"
 
 
 def media_types(model: ServedModel) -> list[str]:
@@ -43,17 +50,51 @@ def preprocessing(model: ServedModel) -> dict[str, Any]:
             "max_length": prep.max_length,
             "truncation_sides": list(TRUNCATION_SIDES),
         }
+    steps = preparation_steps(prep)
+    image = "image prepared as `preparation` says, then" if steps else "image"
     return {
-        "preprocessing": "pixel_values = (greyscale(image resized bilinear to image_size) * pixel_scale - mean) "
+        "preprocessing": f"pixel_values = (greyscale({image} resized bilinear to image_size) * pixel_scale - mean) "
         "/ std, float32 [batch, channels, height, width]",
         "image_size": [prep.height, prep.width],
         "channels": prep.channels,
         "color_mode": "L",
+        "greyscale": GREYSCALE if prep.channels == 1 else "none: RGB",
         "resize": "bilinear",
         "pixel_scale": 1 / 255,
         "mean": prep.mean,
         "std": prep.std,
+        "background": prep.background,
+        "composite_alpha": prep.composite_alpha,
+        "invert_light_background": prep.invert_light_background,
+        "keep_aspect_ratio": prep.keep_aspect_ratio,
+        "trim_margins": prep.trim_margins,
+        "preparation": steps,
     }
+
+
+def preparation_steps(prep: ImagePreprocessing) -> list[str]:
+    """The preparation config.json turns on, in the order server.preprocess.prepare_image applies it."""
+    b, steps = prep.background, []
+    if prep.composite_alpha:
+        steps.append(
+            f"transparency: composited onto grey level {b} (the training background); onto {255 - b} instead when "
+            "the visible pixels are themselves on the background's side of mid-grey, so a dark drawing stays visible"
+        )
+    if prep.invert_light_background:
+        steps.append(
+            f"inversion: when the median of the one-pixel border is on the other side of mid-grey (127.5) from "
+            f"grey level {b}, the image is inverted (255 - x) to the training convention"
+        )
+    if prep.trim_margins:
+        steps.append(
+            f"margins trimmed: background (pixels within 32 grey levels of {b}) beyond the object is cut off the longer "
+            f"side, down to the {prep.width}:{prep.height} aspect ratio at most, keeping the object centred"
+        )
+    if prep.keep_aspect_ratio:
+        steps.append(
+            f"aspect ratio kept: resized to fit inside {prep.width}x{prep.height}, centred, padded with grey level {b}"
+        )
+    return steps
 
 
 def describe(model: ServedModel) -> dict[str, Any]:
@@ -87,7 +128,8 @@ def describe(model: ServedModel) -> dict[str, Any]:
     elif isinstance(prep, ImagePreprocessing):
         card["image_size"] = [prep.height, prep.width]
         card["channels"] = prep.channels
-        card["suited_inputs"] = _SUITS["image"].format(w=prep.width, h=prep.height)
+        suits = "image_prepared" if prep.keep_aspect_ratio and prep.invert_light_background else "image"
+        card["suited_inputs"] = _SUITS[suits].format(w=prep.width, h=prep.height)
     attention = extra.get("attention")
     if isinstance(attention, dict):
         card["attention"] = attention

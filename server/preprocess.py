@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageOps
 
 from lara_serve.server.errors import ServeError, invalid, malformed, too_large
 from lara_serve.server.repository import ImagePreprocessing, ModelConfig, TextPreprocessing
@@ -200,6 +200,98 @@ class DecodeBudget:
             _MALLOC_TRIM(0)
 
 
+# -- image preparation: a user's picture in the training convention -----------------------------------
+
+_MID_GREY = 127.5  # a grey level above this is "light"
+
+
+def prepare_image(image: Image.Image, prep: ImagePreprocessing) -> Image.Image:
+    """A decoded image -> the model's mode ("L" is Pillow's ITU-R 601-2 luma) and height x width.
+
+    The steps config.json turns on bring a user's picture to the training convention: transparent pixels
+    composited onto the background, a light background inverted, surplus margins trimmed, the aspect ratio
+    kept by padding with the background. Without those keys: convert and stretch, as always. An image already in the convention
+    (28x28 greyscale, light on black, for Fashion-MNIST) passes unchanged, bit for bit.
+    """
+    mode = "L" if prep.channels == 1 else "RGB"
+    if prep.composite_alpha and image.has_transparency_data:
+        image = _composite(image, mode, prep.background)
+    else:
+        image = image.convert(mode)  # Pillow drops an alpha channel here: what was behind it shows
+    if prep.invert_light_background and _on_other_side(_border_median(image), prep.background):
+        image = ImageOps.invert(image)
+    if prep.trim_margins:
+        image = _trim(image, prep.width / prep.height, prep.background)
+    if prep.keep_aspect_ratio:
+        return _fit(image, prep.width, prep.height, prep.background)
+    return image.resize((prep.width, prep.height), Image.Resampling.BILINEAR)
+
+
+def _on_other_side(level: float, background: int) -> bool:
+    return (level > _MID_GREY) != (background > _MID_GREY)
+
+
+def _composite(image: Image.Image, mode: str, background: int) -> Image.Image:
+    """Transparent pixels -> the background grey level. When the visible pixels are themselves on the
+    background's side of mid-grey (a dark drawing on transparency, for a black background), they are
+    composited onto the opposite level instead, so they stay visible and the light-background step turns
+    the result into the training convention."""
+    rgba = image.convert("RGBA")
+    alpha = np.asarray(rgba.getchannel("A"), dtype=np.uint16)  # [H, W]
+    colour = np.asarray(rgba.convert(mode), dtype=np.uint16).reshape(*alpha.shape, -1)  # [H, W, C]
+    luma = colour[..., 0] if mode == "L" else np.asarray(rgba.convert("L"), dtype=np.uint16)  # [H, W]
+    weight = float(alpha.sum(dtype=np.float64))
+    if weight > 0:
+        seen = float((luma.astype(np.float32) * alpha).sum(dtype=np.float64)) / weight  # alpha-weighted mean
+        if not _on_other_side(seen, background):
+            background = 255 - background
+    a = alpha[..., None]  # [H, W, 1]
+    # Integer "over" with rounding: 255 * 255 + 127 fits uint16, and an opaque pixel keeps its value exactly.
+    out = (colour * a + np.uint16(background) * (255 - a) + 127) // 255  # [H, W, C]
+    return Image.fromarray(out.astype(np.uint8).squeeze(-1) if mode == "L" else out.astype(np.uint8), mode)
+
+
+def _border_median(image: Image.Image) -> float:
+    """Median grey level of the one-pixel frame: the background of a centred object."""
+    grey = np.asarray(image if image.mode == "L" else image.convert("L"))  # [H, W]
+    frame = np.concatenate([grey[0], grey[-1], grey[1:-1, 0], grey[1:-1, -1]])  # [2W + 2H - 4]
+    return float(np.median(frame))
+
+
+_CONTENT_LEVEL = 32  # a pixel further than this from the background is part of the object (JPEG noise is not)
+
+
+def _trim(image: Image.Image, aspect: float, background: int) -> Image.Image:
+    """Cut background off the longer side, down to the model's aspect ratio (width / height) at most, keeping
+    the object centred: a garment in a tall photo then fills the frame as the training images' garments do.
+    An image already of the model's shape (any 28x28) is never cut."""
+    width, height = image.size
+    grey = np.asarray(image if image.mode == "L" else image.convert("L"), dtype=np.int16)  # [H, W]
+    content = np.abs(grey - background) > _CONTENT_LEVEL  # [H, W]
+    tall = width < height * aspect  # cut rows; else columns
+    size, keep = (height, round(width / aspect)) if tall else (width, round(height * aspect))
+    lines = np.flatnonzero(content.any(axis=1 if tall else 0))  # rows (columns) holding the object
+    if lines.size == 0 or keep >= size:
+        return image
+    span = max(keep, 1, int(lines[-1] - lines[0] + 1))
+    start = min(max(int(lines[0] + lines[-1] + 1 - span) // 2, 0), size - span)  # centred on the object
+    return image.crop((0, start, width, start + span) if tall else (start, 0, start + span, height))
+
+
+def _fit(image: Image.Image, width: int, height: int, background: int) -> Image.Image:
+    """Resize to fit inside width x height keeping the aspect ratio, centred on a background canvas.
+    Resizing before padding keeps the canvas small whatever the input's shape (a 1 x 10^6 strip)."""
+    scale = min(width / image.width, height / image.height)
+    size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+    fitted = image.resize(size, Image.Resampling.BILINEAR)
+    if size == (width, height):
+        return fitted
+    fill = background if image.mode == "L" else (background,) * 3
+    canvas = Image.new(image.mode, (width, height), fill)
+    canvas.paste(fitted, ((width - size[0]) // 2, (height - size[1]) // 2))
+    return canvas
+
+
 # The fewest bytes a JPEG of W x H pixels can have: 1/8 bit per 8x8 block, 16x below the smallest real
 # one measured (a uniform progressive JPEG, 2 bits per block). libjpeg fills missing scan data with grey
 # and Pillow cannot tell, so a cut file that still ends in an EOI marker would otherwise be classified.
@@ -207,7 +299,8 @@ _JPEG_MIN_BYTES_PER_PIXEL = 1 / 4096
 
 
 def image_item(data: bytes, prep: ImagePreprocessing, max_pixels: int, budget: DecodeBudget | None = None) -> Item:
-    """Encoded image -> grayscale (or RGB), bilinear resize, [0, 1], (x - mean) / std as [C, H, W] float32."""
+    """Encoded image -> prepare_image (grayscale or RGB, bilinear resize), [0, 1], (x - mean) / std as
+    [C, H, W] float32."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -220,8 +313,7 @@ def image_item(data: bytes, prep: ImagePreprocessing, max_pixels: int, budget: D
                 raise invalid(f"the JPEG has {len(data)} bytes, too few for {size} pixels: it is truncated")
             held = budget.acquire(width * height) if budget is not None else 0
             try:
-                mode = "L" if prep.channels == 1 else "RGB"
-                image = image.convert(mode).resize((prep.width, prep.height), Image.Resampling.BILINEAR)
+                image = prepare_image(image, prep)
             finally:
                 if budget is not None:
                     budget.release(held)
