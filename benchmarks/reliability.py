@@ -20,16 +20,31 @@ import os
 import platform
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from benchmarks import reliability_bodies as bodies
 from benchmarks import reliability_cases as cases
 from benchmarks import reliability_explain as explain
+from benchmarks import reliability_grpc as grpc_cases
 from lara_serve.server.synthetic import make_image_model, make_text_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
-CASES = ("deadlines", "reloads", "inputs", "bodies", "documents", "connections", "explain_memory", "explain_fairness")
+# name -> the case, run on a fresh server over the suite's repository
+RUNNERS: dict[str, Callable[[Path, argparse.Namespace], Awaitable[cases.Row]]] = {
+    "deadlines": lambda repo, args: cases.deadlines(repo),
+    "reloads": lambda repo, args: cases.reloads(repo, cycles=args.cycles),
+    "inputs": lambda repo, args: cases.hostile_inputs(repo, fuzz_cases=args.fuzz),
+    "bodies": lambda repo, args: bodies.large_bodies(repo, args.body_mb * 1_000_000, args.large_json, args.large_texts),
+    "near_limit": lambda repo, args: bodies.near_limit_texts(repo),
+    "documents": lambda repo, args: bodies.documents(repo, count=args.docs),
+    "connections": lambda repo, args: cases.connections(repo),
+    "explain_memory": lambda repo, args: explain.explain_memory(repo),
+    "explain_fairness": lambda repo, args: explain.explain_fairness(repo),
+    **{name: (lambda repo, args, case=case: case(repo)) for name, case in grpc_cases.CASES.items()},
+}
+CASES = tuple(RUNNERS)
 
 
 def make_repository(root: Path) -> Path:
@@ -43,22 +58,7 @@ async def run(names: list[str], args: argparse.Namespace, repo: Path) -> list[ca
     rows = []
     for name in names:
         start = time.monotonic()
-        if name == "deadlines":
-            row = await cases.deadlines(repo)
-        elif name == "reloads":
-            row = await cases.reloads(repo, cycles=args.cycles)
-        elif name == "inputs":
-            row = await cases.hostile_inputs(repo, fuzz_cases=args.fuzz)
-        elif name == "bodies":
-            row = await bodies.large_bodies(repo, args.body_mb * 1_000_000, args.large_json, args.large_texts)
-        elif name == "documents":
-            row = await bodies.documents(repo, count=args.docs)
-        elif name == "explain_memory":
-            row = await explain.explain_memory(repo)
-        elif name == "explain_fairness":
-            row = await explain.explain_fairness(repo)
-        else:
-            row = await cases.connections(repo)
+        row = await RUNNERS[name](repo, args)
         row.detail["seconds"] = round(time.monotonic() - start, 1)
         print(f"{row.case}: held {row.load_held}, survived {row.faults_survived}, bad {row.bad_inputs}, "
               f"lost {row.lost}  {json.dumps(row.detail)[:300]}", flush=True)  # fmt: skip

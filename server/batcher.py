@@ -44,9 +44,13 @@ class BatchPolicy:
     max_queue_delay_s: float = 0.002
     max_queue_size: int = 1024
     bucket_ratio: float = 2.0  # lengths within this ratio share a bucket
+    # Tokens (item lengths) waiting, over all queued items: what the queue holds in memory grows with its
+    # tokens, not its item count (100 queued 1 MB texts are 100M ids). An empty queue takes any request.
+    max_queue_tokens: int = 1 << 24
 
     def __post_init__(self) -> None:
-        if self.max_batch_size < 1 or self.max_batch_tokens < 1 or self.max_queue_size < 1:
+        limits = (self.max_batch_size, self.max_batch_tokens, self.max_queue_size, self.max_queue_tokens)
+        if min(limits) < 1:
             raise ValueError(f"batch limits must be >= 1: {self}")
         if self.max_queue_delay_s < 0 or self.bucket_ratio <= 1.0:
             raise ValueError(f"need max_queue_delay_s >= 0 and bucket_ratio > 1: {self}")
@@ -182,6 +186,14 @@ class Batcher(Generic[P, R]):
                 ErrorKind.QUEUE_FULL,
                 f"queue of model {self.name!r} is full ({len(self._queue)} of "
                 f"{self.policy.max_queue_size} items waiting, request has {len(items)}); retry later",
+                retry_after_s=self.retry_after_s(),
+            )
+        queued, asked = sum(e.length for e in self._queue), sum(length for _, length in items)
+        if self._queue and queued + asked > self.policy.max_queue_tokens:
+            raise ServeError(
+                ErrorKind.QUEUE_FULL,
+                f"queue of model {self.name!r} is full ({queued} of {self.policy.max_queue_tokens} tokens "
+                f"waiting (max_queue_tokens), request has {asked}); retry later",
                 retry_after_s=self.retry_after_s(),
             )
         loop = asyncio.get_running_loop()

@@ -142,7 +142,7 @@ class ServedModel:
         return image_item(data, prep, max_image_pixels, self.decode_budget)
 
     async def items_from_bytes(
-        self, raw: Sequence[bytes], truncate: str | None, max_image_pixels: int, off_loop_bytes: int = 1 << 20
+        self, raw: Sequence[bytes], truncate: str | None, max_image_pixels: int, off_loop_bytes: int = 64 * 1024
     ) -> list[Item]:
         """Uploads -> items, keeping the event loop free: images decode on the decode budget's threads, one
         at a time per request, so a client that leaves stops its decoding at the next image and a request
@@ -304,6 +304,7 @@ def policy_from(settings: Settings) -> BatchPolicy:
         max_batch_tokens=settings.max_batch_tokens,
         max_queue_delay_s=settings.max_queue_delay_ms / 1000.0,
         max_queue_size=settings.max_queue_size,
+        max_queue_tokens=settings.max_queue_tokens,
         bucket_ratio=settings.length_bucket_ratio,
     )
 

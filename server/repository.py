@@ -11,12 +11,20 @@ import math
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 ONNX_FILE = "model.onnx"
 TORCH_FILE = "model.safetensors"
 TRITON_CONFIG = "config.pbtxt"  # a Triton repository's model config; LARA Serve reads config.json instead
 OOD_OUTPUT = "ood_score"  # optional second output: [batch] FP32, higher = less like the training data
+CONFIG_FILE = "config.json"
+# Bounds on config.json's values, checked before anything is sized by them (docs/serving.md, "Limits"): a
+# text model's max_length (the shipped long-document models take 1 MiB), an image model's height and width,
+# the number of labels, and the size of config.json itself.
+MAX_TEXT_LENGTH = 1 << 20
+MAX_IMAGE_SIDE = 4096
+MAX_LABELS = 100_000
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
 
 
 class TensorSpec(BaseModel):
@@ -31,7 +39,7 @@ class TextPreprocessing(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     kind: Literal["bytes"]
-    max_length: int = Field(gt=0)
+    max_length: int = Field(gt=0, le=MAX_TEXT_LENGTH)
     pad_id: int = 0
     byte_offset: int = 1
 
@@ -40,8 +48,8 @@ class ImagePreprocessing(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     kind: Literal["image"]
-    height: int = Field(gt=0)
-    width: int = Field(gt=0)
+    height: int = Field(gt=0, le=MAX_IMAGE_SIDE)
+    width: int = Field(gt=0, le=MAX_IMAGE_SIDE)
     channels: Literal[1, 3] = 1  # 1: grayscale (L), 3: RGB
     mean: float = 0.0
     std: float = Field(1.0, gt=0.0)
@@ -62,13 +70,21 @@ class ModelConfig(BaseModel):
     name: str
     version: str = "1"
     task: Literal["text", "image"]
-    labels: list[str] = Field(min_length=1)
+    labels: list[str] = Field(min_length=1, max_length=MAX_LABELS)
     inputs: list[TensorSpec] = Field(min_length=1)
     outputs: list[TensorSpec] = Field(min_length=1)
     preprocessing: Annotated[TextPreprocessing | ImagePreprocessing, Field(discriminator="kind")]
     # Largest input (one text or image file, in bytes) this model takes, refused with 413 before decoding:
     # the memory a long document costs grows with its length (docs/deploy.md). None: no cap of its own.
     max_input_bytes: int | None = Field(None, gt=0)
+
+    @field_validator("version")
+    @classmethod
+    def _one_folder_name(cls, value: str) -> str:
+        """The version is a folder of the model's own: one plain name, never a path (`..`, `/etc`)."""
+        if not value or value in (".", "..") or not all(c.isalnum() or c in "._-" for c in value):
+            raise ValueError("must be one folder name (letters, digits, '.', '_', '-'; not '..' or a path)")
+        return value
 
     @property
     def vocab_size(self) -> int:
@@ -94,12 +110,33 @@ class RepositoryError(RuntimeError):
     """The repository is unusable; raised at start-up."""
 
 
-def read_config(model_dir: Path) -> ModelConfig:
-    path = model_dir / "config.json"
+def confined(root: Path, path: Path) -> Path:
+    """`path` resolved (symlinks followed), refused unless it lies inside `root` (the repository): a model's
+    files are the repository's, never reached through `..`, an absolute path or a symlink to elsewhere.
+    The refusal names the path as given, never where it leads."""
+    resolved = path.resolve()
+    if not resolved.is_relative_to(root.resolve()):
+        raise RepositoryError(
+            f"{path}: leads outside the model repository (through '..', an absolute path or a symlink); "
+            "a model's files must lie inside the repository"
+        )
+    return resolved
+
+
+def read_config(model_dir: Path, root: Path | None = None) -> ModelConfig:
+    """`<model_dir>/config.json`, checked. `root`: the repository the file must lie in (default: the model
+    folder's parent). A refusal names the file and the rule, never the file's contents."""
+    path = model_dir / CONFIG_FILE
     try:
-        config = ModelConfig.model_validate(json.loads(path.read_text()))
-    except (OSError, ValueError, ValidationError) as exc:
-        raise RepositoryError(f"{path}: unusable model config: {exc}") from exc
+        resolved = confined(model_dir.parent if root is None else root, path)
+        if resolved.is_file() and resolved.stat().st_size > MAX_CONFIG_BYTES:
+            raise RepositoryError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes; is it a model config?")
+        config = ModelConfig.model_validate(json.loads(resolved.read_text()))
+    except ValidationError as exc:  # the field and the rule; pydantic's own text would quote the values
+        failed = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_input=False)[:5])
+        raise RepositoryError(f"{path}: unusable model config: {failed}") from None
+    except (OSError, ValueError) as exc:  # json's messages give a position, never the text
+        raise RepositoryError(f"{path}: unusable model config: {type(exc).__name__}: {exc}") from None
     expected = {"text": "bytes", "image": "image"}[config.task]
     if config.preprocessing.kind != expected:
         raise RepositoryError(f"{path}: task {config.task!r} needs preprocessing kind {expected!r}")
@@ -152,7 +189,7 @@ def served_version(model_dir: Path, config: ModelConfig) -> ModelConfig:
     repository without numeric folders keeps config.json's `version` as before. One version per model is
     served: a policy that selects more is refused here, at start-up.
     """
-    path = model_dir / "config.json"
+    path = model_dir / CONFIG_FILE
     numeric = sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdecimal())
     policy = (config.model_extra or {}).get("version_policy")
     if policy is None and not numeric:
@@ -202,11 +239,19 @@ def _is_version(value: object) -> bool:
 
 
 def served_config(name: str, model_dir: Path) -> ModelConfig:
-    """config.json, checked, with the version its version_policy serves (served_version)."""
-    config = read_config(model_dir)
+    """config.json, checked, with the version its version_policy serves (served_version); the version
+    folder and the artifacts in it lie inside the repository (the model folder's parent)."""
+    root = model_dir.parent
+    config = read_config(model_dir, root)
     if config.name != name:
         raise RepositoryError(f"{model_dir}/config.json names the model {config.name!r}, not {name!r}")
-    return served_version(model_dir, config)
+    config = served_version(model_dir, config)
+    version_dir = model_dir / config.version
+    confined(root, version_dir)
+    for artifact in (ONNX_FILE, TORCH_FILE):
+        if (version_dir / artifact).exists() or (version_dir / artifact).is_symlink():
+            confined(root, version_dir / artifact)
+    return config
 
 
 def check_repository(repository: Path, names: list[str] | None = None, strict: bool = False) -> None:

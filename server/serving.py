@@ -22,6 +22,7 @@ import json
 import logging
 import resource
 import signal
+import time
 from http import HTTPStatus
 from types import FrameType
 from typing import Any
@@ -43,6 +44,7 @@ IDLE_LINGER_S = 0.5
 REFUSE_READ_S = 1.0  # over the connection cap: time to read the request head before answering 503
 REFUSE_HEAD_BYTES = 16 * 1024  # ... and at most this much of it
 EARLY_LINGER_S = 0.5  # least time after an early answer for the client to read it before the close
+ACCEPT_LOG_EVERY_S = 10.0  # accept() failures (EMFILE): one log line per this many seconds, with a count
 
 
 def fit_connections(requested: int, backlog: int = 2048) -> tuple[int, int]:
@@ -70,6 +72,46 @@ def fit_connections(requested: int, backlog: int = 2048) -> tuple[int, int]:
     return fitted, fitted_backlog
 
 
+def fit_all(settings: Any) -> tuple[int, int, int]:
+    """(HTTP max_connections, gRPC max connections, listen backlog) in the one open-file budget.
+
+    HTTP and gRPC share the process's descriptors: each gets its cap, and when both do not fit they
+    shrink in proportion, so idle connections on one port cannot starve the other (or the health checks).
+    """
+    grpc_wanted = settings.grpc_max_connections if settings.grpc_port else 0
+    total = settings.max_connections + grpc_wanted
+    fitted, backlog = fit_connections(total)
+    if not grpc_wanted:
+        return fitted, 0, backlog
+    if fitted == total:
+        return settings.max_connections, grpc_wanted, backlog
+    grpc_fitted = max(1, fitted * grpc_wanted // total)
+    return max(1, fitted - grpc_fitted), grpc_fitted, backlog
+
+
+class AcceptErrorFilter(logging.Filter):
+    """At most one accept() failure line per `every_s` seconds, with the count of those not written:
+    out of descriptors, the accept loop fails as fast as clients connect, and a line each fills the disk."""
+
+    def __init__(self, every_s: float = ACCEPT_LOG_EVERY_S) -> None:
+        super().__init__()
+        self.every_s, self.suppressed, self._last = every_s, 0, -every_s
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "accept" not in str(record.msg):
+            return True
+        now = time.monotonic()
+        if now - self._last < self.every_s:
+            self.suppressed += 1
+            return False
+        self._last = now
+        if self.suppressed:
+            record.msg = f"{record.msg} ({self.suppressed} more like it in the last {self.every_s:g} s not logged)"
+            self.suppressed = 0
+        record.exc_info, record.exc_text = None, None  # the traceback says nothing new each time
+        return True
+
+
 def raw_response(status: int, message: str, extra: dict[str, str] | None = None) -> bytes:
     """A complete JSON error response written straight to a transport, for connections the app never sees."""
     body = json.dumps({"error": message}).encode()
@@ -89,6 +131,19 @@ def guarded_protocol(state: AppState, max_connections: int) -> type[H11Protocol]
         _refused: _Refusal | None = None
         _header_timer: asyncio.TimerHandle | None = None
         _body_deadline = 0.0  # loop time by which the current request's body must be in
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.conn = _StrictConnection(h11.SERVER, self.conn._max_incomplete_event_size)
+
+        def send_400_response(self, msg: str) -> None:
+            """uvicorn's answer to a request h11 cannot parse (or _StrictConnection refuses), in the project's
+            JSON error shape instead of text/plain; the connection is closed, as uvicorn does."""
+            reason = getattr(self.conn, "refusal", None) or f"{msg.rstrip('.')}: malformed request line or headers"
+            cycle = self.cycle  # the previous request's, on a keep-alive connection
+            if cycle is None or cycle.response_complete or not cycle.response_started:  # else mid-answer: close
+                self.transport.write(raw_response(400, reason))
+            self.transport.close()
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             if len(self.connections) >= max_connections:
@@ -172,6 +227,27 @@ def guarded_protocol(state: AppState, max_connections: int) -> type[H11Protocol]
             self.transport.close()
 
     return GuardedH11Protocol
+
+
+class _StrictConnection(h11.Connection):
+    """h11 with RFC 9112's rule for a request carrying both Content-Length and Transfer-Encoding (section
+    6.1: "ought to be handled as an error", and the connection closed): h11 alone frames such a request by
+    Transfer-Encoding and keeps the connection, so behind a proxy that frames by Content-Length the rest of
+    the body would run as a request of its own (smuggling). The refusal becomes uvicorn's 400, and close."""
+
+    refusal: str | None = None
+
+    def next_event(self) -> Any:
+        event = super().next_event()
+        if isinstance(event, h11.Request):
+            names = {name.lower() for name, _ in event.headers}
+            if b"content-length" in names and b"transfer-encoding" in names:
+                self.refusal = (
+                    "request has both Content-Length and Transfer-Encoding (RFC 9112 section 6.1); "
+                    "send one of them; the connection is closed"
+                )
+                raise h11.RemoteProtocolError(self.refusal)
+        return event
 
 
 class _Refusal:
@@ -263,7 +339,9 @@ class DrainingServer(uvicorn.Server):
 
 def build_server(app: Any, state: AppState) -> DrainingServer:
     settings = state.settings
-    max_connections, backlog = fit_connections(settings.max_connections)
+    max_connections, _, backlog = fit_all(settings)
+    if not any(isinstance(f, AcceptErrorFilter) for f in logging.getLogger("asyncio").filters):
+        logging.getLogger("asyncio").addFilter(AcceptErrorFilter())
     config = uvicorn.Config(
         app,
         host=settings.host,

@@ -89,6 +89,13 @@ class Settings(BaseSettings):
         "latency at low load.",
     )
     max_queue_size: int = Field(1024, ge=1, description="Items waiting per model before requests are refused with 429.")
+    max_queue_tokens: int = Field(
+        1 << 24,
+        ge=1,
+        description="Tokens (bytes of text; an image counts 1) waiting per model before requests are refused "
+        "with 429: bounds the queue's memory (each queued token holds its id and mask) where max_queue_size counts "
+        "items. A request is always taken by an empty queue, however long.",
+    )
     length_bucket_ratio: float = Field(
         2.0,
         gt=1.0,
@@ -172,9 +179,11 @@ class Settings(BaseSettings):
         "parsed, so this bounds the memory of a burst: about max_large_bodies x 4 x max_body_bytes.",
     )
     large_body_bytes: int = Field(
-        1024 * 1024,
+        64 * 1024,
         ge=1024,
-        description="Bodies over this size count against max_large_bodies and are parsed off the event loop.",
+        description="Bodies over this size count against max_large_bodies and are parsed off the event loop. "
+        "A 1 MB text costs tens of MB while it is handled: at 1 MiB, 100 concurrent 1,040,000-byte texts "
+        "went around the gate and took 3.2 GB (docs/reliability.md).",
     )
     large_body_wait_s: float = Field(
         30.0,
@@ -240,6 +249,26 @@ class Settings(BaseSettings):
         ge=1024,
         description="Largest gRPC message, each way; larger requests get RESOURCE_EXHAUSTED (the gRPC twin of "
         "max_body_bytes).",
+    )
+    grpc_max_connections: int = Field(
+        1000,
+        ge=1,
+        description="Open gRPC connections; beyond it grpc closes a new one at once (clients see UNAVAILABLE "
+        "and retry). Shares the process's open-file budget with max_connections: both are lowered at "
+        "start-up to fit it, so idle connections cannot take the descriptors HTTP needs.",
+    )
+    grpc_max_concurrent_calls: int = Field(
+        1000,
+        ge=1,
+        description="KServe gRPC calls in flight; more get UNAVAILABLE at once (retryable) before their message "
+        "is parsed. Health and reflection calls are not counted.",
+    )
+    grpc_idle_timeout_s: float = Field(
+        300.0,
+        gt=0.0,
+        le=86400.0,
+        description="A gRPC connection with no call for this long is closed (GOAWAY); clients reconnect on "
+        "their next call. The TLS/HTTP2 handshake must finish within header_timeout_s.",
     )
     tei_model: str | None = Field(
         None,

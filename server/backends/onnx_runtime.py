@@ -35,6 +35,7 @@ from lara_serve.server.backends.base import (
     ModelOutputs,
     OrtAttention,
 )
+from lara_serve.server.backends.pytorch import HUB_VERSION, file_digests
 from lara_serve.server.repository import ONNX_FILE, OOD_OUTPUT, TORCH_FILE, ModelConfig
 
 # lara_serve.model_export.models.long_forward.LONG_FROM: from here on the torch forward runs on slices (kept equal by a test).
@@ -101,7 +102,7 @@ class OnnxRuntimeBackend(BackendBase):
         # at the first one; the arena would keep a long document's peak for the life of the process, and the
         # pattern planner allocates every activation of the graph at once (benchmarks/memory_one_mib.py).
         lean = lean_long and device == "cpu" and config.task == "text"
-        self._lean_session = _Lazy(lambda: session(arena=False)) if lean else None
+        self._lean_session = _Lazy(_same_file(path, lambda: session(arena=False), self.session)) if lean else None
         self._input_names = [i.name for i in self.session.get_inputs()]
         declared = [spec.name for spec in config.inputs]
         if sorted(self._input_names) != sorted(declared):
@@ -164,38 +165,86 @@ class OnnxRuntimeBackend(BackendBase):
 
 class _TorchForLong:
     """The model's torch backend for documents longer than LONG_TOKENS, made at the first one (a server that
-    never sees one never imports torch). Without torch, model_export or a loadable model.safetensors:
-    onnxruntime runs them (a warning says why, once)."""
+    never sees one never imports torch). Its files (config.json, model.safetensors) are fingerprinted when the
+    model loads and checked before and after the torch forward reads them: files changed on disk since are
+    refused, so every answer comes from the version that was loaded. Without torch, model_export or a
+    loadable, unchanged model.safetensors: onnxruntime runs them (a warning says why, once)."""
 
     def __init__(self, model_dir: Path, config: ModelConfig, num_threads: int, loader: Any = None) -> None:
         self._model_dir, self._config, self._threads, self._loader = model_dir, config, num_threads, loader
         self._backend: Backend | None = None
         self._warned = False
         weights = model_dir / config.version / TORCH_FILE
-        missing = loader is None and not weights.is_file()
-        self.unavailable: str | None = f"{weights} does not exist" if missing else None
+        self._digests: dict[Path, str] = {}
+        self.unavailable: str | None = None
+        if loader is None and not weights.is_file():
+            self.unavailable = f"{weights} does not exist"
+        elif loader is None and config.version != HUB_VERSION:  # load_pretrained reads <model>/1/ only
+            self.unavailable = (
+                f"the torch loader reads version {HUB_VERSION}'s weights; version {config.version} is served"
+            )
+        elif loader is None:
+            self._digests = file_digests([model_dir / "config.json", weights])
 
     def get(self) -> Backend | None:
         if self._backend is None and self.unavailable is None:
-            try:
-                from lara_serve.server.backends.pytorch import TorchBackend
-
-                self._backend = TorchBackend(self._model_dir, self._config, "cpu", self._threads, self._loader)
-            except Exception as exc:  # noqa: BLE001 - any failure: onnxruntime still serves these documents
-                self.unavailable = f"the torch forward could not be loaded ({type(exc).__name__}: {exc})"
+            self._backend = self._load()
         if self.unavailable is not None and not self._warned:
             self._warned = True
             warnings.warn(
                 f"{self._config.name}: documents longer than {LONG_TOKENS} tokens run on onnxruntime "
-                f"(about 4.5x the memory of the torch sliced forward; pip install '.[train]' for it): "
-                f"{self.unavailable}",
+                f"(about 4.5x the memory of the torch sliced forward): {self.unavailable}",
                 stacklevel=2,
             )
         return self._backend
 
+    def _load(self) -> Backend | None:
+        try:
+            from lara_serve.server.backends.pytorch import TorchBackend
+
+            if self._digests and file_digests(list(self._digests)) != self._digests:
+                raise _Changed
+            backend = TorchBackend(self._model_dir, self._config, "cpu", self._threads, self._loader)
+            if self._digests and file_digests(list(self._digests)) != self._digests:  # changed while read
+                backend.close()
+                raise _Changed
+            return backend
+        except _Changed:
+            self.unavailable = (
+                f"{TORCH_FILE} or config.json changed on disk since the model was loaded; reload the model "
+                "(restart, or POST /v2/repository/models/<name>/load) to serve the new files"
+            )
+        except ImportError as exc:
+            self.unavailable = f"the torch forward needs torch and model_export ({exc}); pip install '.[train]'"
+        except Exception as exc:  # noqa: BLE001 - any failure: onnxruntime still serves these documents
+            self.unavailable = f"the torch forward could not be loaded ({type(exc).__name__}: {exc})"
+        return None
+
     def close(self) -> None:
         if self._backend is not None:
             self._backend.close()
+
+
+def _same_file(path: Path, make: Callable[[], Any], loaded: Any) -> Callable[[], Any]:
+    """`make`, for a second session of `path` made later, only while `path` holds what it held now (sha256);
+    once it changed on disk, the session made at load (`loaded`) serves instead, with a warning: every
+    answer from the version that was loaded."""
+    digests = file_digests([path])
+
+    def made_or_loaded() -> Any:
+        if file_digests([path]) == digests:
+            session = make()
+            if file_digests([path]) == digests:
+                return session
+        warnings.warn(f"{path.name} changed on disk since the model was loaded: the loaded session serves "
+                      "long documents too (reload the model to serve the new file)", stacklevel=2)  # fmt: skip
+        return loaded
+
+    return made_or_loaded
+
+
+class _Changed(Exception):
+    """A model file's content differs from what it held when the model was loaded."""
 
 
 class _Lazy:

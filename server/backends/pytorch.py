@@ -7,6 +7,7 @@ model_export is imported lazily: servers running onnxruntime do not need it.
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,22 @@ from lara_serve.server.backends.base import BackendBase, BackendUnavailable, Dev
 from lara_serve.server.repository import OOD_OUTPUT, TORCH_FILE, ModelConfig
 
 Loader = Callable[[Path], Any]
+HUB_VERSION = "1"  # the version folder lara_serve.model_export.load_pretrained reads its weights from
+DIGEST_CHUNK = 1 << 20
+
+
+def file_digests(paths: list[Path]) -> dict[Path, str]:
+    """sha256 of each file, read in 1 MiB chunks: what a model version's files held when they were read, so
+    a later read (the long-document torch forward, made at its first document) can be refused if they
+    changed on disk since (every answer from one version's files)."""
+    digests = {}
+    for path in paths:
+        sha = hashlib.sha256()
+        with path.open("rb") as f:
+            while chunk := f.read(DIGEST_CHUNK):
+                sha.update(chunk)
+        digests[path] = sha.hexdigest()
+    return digests
 
 
 def default_loader() -> Loader:
@@ -54,6 +71,11 @@ class TorchBackend(BackendBase):
         weights = self.artifact(TORCH_FILE)
         if loader is None and not weights.is_file():
             raise BackendUnavailable(f"torch cannot serve {config.name!r}: {weights} does not exist")
+        if loader is None and config.version != HUB_VERSION:  # it would serve another version's weights
+            raise BackendUnavailable(
+                f"torch cannot serve {config.name!r} version {config.version}: load_pretrained reads the weights "
+                f"of version {HUB_VERSION} only; use backend=onnxruntime"
+            )
         if num_threads:
             torch.set_num_threads(num_threads)
         module = (loader or default_loader())(model_dir)

@@ -31,6 +31,10 @@ _CONTENTS = {
     "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
 }  # fmt: skip
 _DATATYPES = sorted([*NUMERIC_DTYPES, "BYTES"])
+# Fixed-width typed contents are packed little-endian on the wire, the raw layout: read as bytes, a million
+# values cost a copy instead of a million Python floats (seconds of the GIL for a 15 MB message).
+_FIXED_WIDTH = {"FP32": "fp32_contents", "FP64": "fp64_contents"}
+_FIXED_MIN_VALUES = 1024  # below this the list is as fast and needs no wire reading
 
 
 def parameter_value(p: pb.InferParameter | pb.ModelRepositoryParameter) -> Any:
@@ -69,6 +73,8 @@ def decoded_request(request: pb.ModelInferRequest) -> DecodedRequest:
             raise invalid(f"input {name!r}: datatype {datatype!r} is not supported; use one of {_DATATYPES}")
         if raw:
             array = tensor_from_bytes(name, datatype, shape, raw[index])
+        elif (packed := _packed_contents(tensor.contents, datatype)) is not None:
+            array = tensor_from_bytes(name, datatype, shape, packed)
         elif datatype in _CONTENTS:
             array = tensor_from_values(name, datatype, shape, list(getattr(tensor.contents, _CONTENTS[datatype])))
         else:  # FP16 has no typed contents field
@@ -78,6 +84,31 @@ def decoded_request(request: pb.ModelInferRequest) -> DecodedRequest:
     outputs = [{"name": o.name, "parameters": parameters(o.parameters)} for o in request.outputs] or None
     body = {"id": request.id or None, "parameters": parameters(request.parameters), "inputs": specs, "outputs": outputs}
     return DecodedRequest(V2InferRequest.model_validate(body), tensors)
+
+
+def _packed_contents(contents: pb.InferTensorContents, datatype: str) -> bytes | None:
+    """The raw bytes of a large FP32/FP64 typed contents (packed: one length-delimited field), or None to
+    convert value by value (small, another type, or any other field set: those keep their checks)."""
+    field = _FIXED_WIDTH.get(datatype)
+    if field is None or len(getattr(contents, field)) < _FIXED_MIN_VALUES:
+        return None
+    wire = contents.SerializeToString()
+    number = pb.InferTensorContents.DESCRIPTOR.fields_by_name[field].number
+    tag, at = _varint(wire, 0)
+    length, at = _varint(wire, at)
+    if tag != (number << 3 | 2) or at + length != len(wire):
+        return None
+    return wire[at:]
+
+
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[at]
+        value |= (byte & 0x7F) << shift
+        at, shift = at + 1, shift + 7
+        if byte < 0x80:
+            return value, at
 
 
 def infer_response(answer: InferAnswer, selected: list[tuple[str, str, np.ndarray, bool]]) -> pb.ModelInferResponse:

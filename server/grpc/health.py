@@ -62,12 +62,13 @@ class HealthService(health_pb2_grpc.HealthServicer):
         note_model(request.service)
         last: _Status | None = None
         while True:  # ends when the client cancels, or once the drain's NOT_SERVING is written
-            status = serving_status(self.state, request.service, self.server_names)
+            draining = self.state.draining  # read before the status: a drain that starts during write() is
+            status = serving_status(self.state, request.service, self.server_names)  # seen on the next turn
             status = UNKNOWN if status is None else status
             if status != last:
                 await context.write(health_pb2.HealthCheckResponse(status=status))
                 last = status
-            if self.state.draining:  # an open stream would hold the server's stop for its whole grace period
+            if draining:  # an open stream would hold the server's stop for its whole grace period
                 return
             await asyncio.sleep(WATCH_POLL_S)
 

@@ -1,7 +1,8 @@
 """KServe v2 gRPC (Triton's `inference.GRPCInferenceService`) over the HTTP routes' own calls.
 
 Every RPC is registered with raw bytes in, so a message that does not parse is INVALID_ARGUMENT with a
-message (not grpc's generic INTERNAL); then the API key, then the same calls the HTTP routes make, and
+message (not grpc's generic INTERNAL); the API key is checked before that (lara_serve.server.grpc.limits,
+with the connection, call and byte limits), then the same calls the HTTP routes make, and
 ServeError kinds become gRPC codes through lara_serve.server.errors.GRPC_STATUS. Not served (UNIMPLEMENTED): the
 streaming ModelStreamInfer, shared memory, trace and log settings. Beside it on the same port:
 grpc.health.v1 (lara_serve.server.grpc.health), server reflection (.reflection) and one access-log line
@@ -10,7 +11,6 @@ per call (.access).
 
 from __future__ import annotations
 
-import hmac
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -22,12 +22,15 @@ from tritonclient.grpc import service_pb2 as pb
 from lara_serve.server.errors import GRPC_STATUS, ErrorKind, ServeError, clean_message
 from lara_serve.server.grpc import convert
 from lara_serve.server.grpc.access import AccessLog, note_model
+from lara_serve.server.grpc.limits import KEY_MESSAGE, PUBLIC, ByteBudget, CallGuard, channel_options, key_matches
 from lara_serve.server.routes import triton, v2
 from lara_serve.server.routes.common import AppState, timing_headers, track
+from lara_serve.server.schemas import run_sized
 
 log = logging.getLogger(__name__)
 SERVICE = "inference.GRPCInferenceService"
-_PUBLIC = {"ServerLive", "ServerReady"}  # like /v2/health/*: probes carry no key
+# Messages over schemas.OFF_LOOP_BYTES are parsed and converted in the HTTP bodies' parser thread (run_sized):
+# millions of typed values take seconds to become an array, and health checks must be answered meanwhile.
 
 Rpc = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
 
@@ -95,7 +98,7 @@ class InferenceService:
         state = self.state
         with track(state, request.model_name):
             model = state.model(request.model_name, request.model_version or None)
-            decoded = convert.decoded_request(request)
+            decoded = await run_sized(request.ByteSize(), convert.decoded_request, request)
             timeout_s = state.settings.request_timeout_s
             remaining = context.time_remaining()  # the client's deadline, if it set one
             if remaining is not None:
@@ -114,16 +117,8 @@ class InferenceService:
         key = self.state.settings.api_key
         if key is None:
             return
-        metadata = {k.lower(): v for k, v in context.invocation_metadata() or ()}
-        given = metadata.get("x-api-key")
-        auth = metadata.get("authorization", "")
-        if given is None and isinstance(auth, str) and auth[:7].lower() == "bearer ":
-            given = auth[7:].strip()
-        if not isinstance(given, str) or not hmac.compare_digest(given.encode(), key.get_secret_value().encode()):
-            raise ServeError(
-                ErrorKind.UNAUTHENTICATED,
-                "missing or wrong API key: send metadata 'authorization: Bearer <key>' or 'x-api-key: <key>'",
-            )
+        if not key_matches(key.get_secret_value(), context.invocation_metadata()):
+            raise ServeError(ErrorKind.UNAUTHENTICATED, KEY_MESSAGE)
 
 
 class _Handler(grpc.GenericRpcHandler):
@@ -131,6 +126,10 @@ class _Handler(grpc.GenericRpcHandler):
 
     def __init__(self, service: InferenceService) -> None:
         self._service = service
+        settings = service.state.settings
+        self._budget = ByteBudget(
+            settings.max_large_bodies * settings.grpc_max_message_bytes, settings.large_body_bytes
+        )
         names = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods_by_name
         self._handlers = {
             name: grpc.unary_unary_rpc_method_handler(
@@ -149,15 +148,12 @@ class _Handler(grpc.GenericRpcHandler):
     def _wrap(self, name: str, rpc: Rpc, request_type: Any) -> Callable[[bytes, Any], Awaitable[Any]]:
         async def call(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
             failure: tuple[grpc.StatusCode, str] | None = None
+            taken = self._budget.take(len(raw))
             try:
-                try:
-                    request = request_type.FromString(raw)
-                except DecodeError:
-                    raise ServeError(ErrorKind.MALFORMED, f"the {name} request is not a valid {name}Request") from None
-                note_model(getattr(request, "model_name", "") or getattr(request, "name", ""))
-                if name not in _PUBLIC:
-                    self._service.check_key(context)
-                return await rpc(request, context)
+                if taken < 0:
+                    failure = self._over_budget(len(raw))
+                else:
+                    return await self._parsed_call(name, rpc, request_type, raw, context)
             except ServeError as exc:
                 failure = (getattr(grpc.StatusCode, GRPC_STATUS[exc.kind]), clean_message(exc.message))
             except RecursionError:
@@ -165,18 +161,46 @@ class _Handler(grpc.GenericRpcHandler):
             except Exception as exc:
                 log.exception("unexpected error in gRPC %s", name)
                 failure = (grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
+            finally:
+                if taken > 0:
+                    self._budget.give(taken)
             await context.abort(*failure)  # raises: the call ends with this status
 
         return call
 
+    def _over_budget(self, size: int) -> tuple[grpc.StatusCode, str]:
+        """RESOURCE_EXHAUSTED (retryable), counted as HTTP's large-body 503s are."""
+        metrics = self._service.state.metrics
+        metrics.large_bodies_refused.inc()
+        metrics.requests.labels("", ErrorKind.NOT_READY.value, "grpc").inc()
+        message = (
+            f"this {size}-byte message would pass the {self._budget.limit} bytes of large messages in flight "
+            "(max_large_bodies x grpc_max_message_bytes); retry"
+        )
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, message
+
+    async def _parsed_call(self, name: str, rpc: Rpc, request_type: Any, raw: bytes, context: Any) -> Any:
+        try:
+            request = await run_sized(len(raw), request_type.FromString, raw)
+        except DecodeError:
+            if name == "ModelInfer":  # counted like every other inference call, though it names no model
+                self._service.state.metrics.requests.labels("", ErrorKind.MALFORMED.value, "grpc").inc()
+            raise ServeError(ErrorKind.MALFORMED, f"the {name} request is not a valid {name}Request") from None
+        note_model(getattr(request, "model_name", "") or getattr(request, "name", ""))
+        if name not in PUBLIC:
+            self._service.check_key(context)  # CallGuard checked it already; in-process callers come here
+        return await rpc(request, context)
+
 
 def build_server(state: AppState, app_state: Any) -> grpc.aio.Server:
     """A gRPC server bound to settings.host:settings.grpc_port (not started)."""
+    from lara_serve.server.serving import fit_all
+
     settings = state.settings
-    limit = settings.grpc_max_message_bytes
+    _, max_connections, _ = fit_all(settings)  # the same split of the open-file budget as the HTTP side's
     server = grpc.aio.server(
-        options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)],
-        interceptors=[AccessLog()],
+        options=channel_options(state, max_connections),
+        interceptors=[AccessLog(), CallGuard(state, settings.grpc_max_concurrent_calls)],
     )
     server.add_generic_rpc_handlers((_Handler(InferenceService(state, app_state)),))
     _add_tooling(server, state)

@@ -17,8 +17,9 @@ import base64
 import binascii
 import json
 import os
+from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import numpy as np
 from fastapi import APIRouter, Depends, Query, Request
@@ -117,10 +118,22 @@ def _data_values(model: ServedModel, data: Any, max_files: int) -> list[bytes]:
         raise invalid(f"image model {model.name!r}: 'data' must hold base64 image files") from None
 
 
-@router.post("/predictions/{name}", openapi_extra=_TS_DOC, summary="TorchServe predictions")
-@router.put("/predictions/{name}", openapi_extra=_TS_DOC, summary="TorchServe predictions (curl -T)")
-@router.post("/predictions/{name}/{version}", openapi_extra=_TS_DOC, summary="TorchServe predictions (version)")
-@router.put("/predictions/{name}/{version}", openapi_extra=_TS_DOC, summary="TorchServe predictions (version)")
+_Route = TypeVar("_Route", bound=Callable[..., Any])
+
+
+def _inference_routes(kind: str) -> Callable[[_Route], _Route]:
+    """POST, and PUT (`curl -T`), on /{kind}/{name} and /{kind}/{name}/{version}, as TorchServe serves them."""
+
+    def register(route: _Route) -> _Route:
+        for path, which in ((f"/{kind}/{{name}}", ""), (f"/{kind}/{{name}}/{{version}}", " (version)")):
+            router.post(path, openapi_extra=_TS_DOC, summary=f"TorchServe {kind}{which}")(route)
+            router.put(path, openapi_extra=_TS_DOC, summary=f"TorchServe {kind}{which} (curl -T)")(route)
+        return route
+
+    return register
+
+
+@_inference_routes("predictions")
 async def torchserve_predict(
     name: str,
     request: Request,
@@ -145,10 +158,7 @@ async def torchserve_predict(
         return JSONResponse(rows[0] if len(rows) == 1 else rows, headers=headers)
 
 
-@router.post("/explanations/{name}", openapi_extra=_TS_DOC, summary="TorchServe explanations")
-@router.put("/explanations/{name}", openapi_extra=_TS_DOC, summary="TorchServe explanations (curl -T)")
-@router.post("/explanations/{name}/{version}", openapi_extra=_TS_DOC, summary="TorchServe explanations (version)")
-@router.put("/explanations/{name}/{version}", openapi_extra=_TS_DOC, summary="TorchServe explanations (version)")
+@_inference_routes("explanations")
 async def torchserve_explain(
     name: str,
     request: Request,
