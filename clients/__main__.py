@@ -55,9 +55,6 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("train", help="train a LARA model on your labelled texts or images", add_help=False)
     load = sub.add_parser("load", help="load (or reload) a model from the server's model repository")
     load.add_argument("name", help="the model's folder name in the server's --model-repository")
-    # Also accepted after the subcommand (`lara load NAME --url URL`); SUPPRESS keeps the global value otherwise.
-    load.add_argument("--url", default=argparse.SUPPRESS)
-    load.add_argument("--api-key", default=argparse.SUPPRESS)
     sub.add_parser("models", help="list served models")
     sub.add_parser("info", help="server limits and model cards (GET /info)")
     sub.add_parser("health", help="liveness and readiness")
@@ -71,6 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--charset", default="utf-8", help="encoding of the text files (default utf-8)")
     explain.add_argument("--json", action="store_true", help="one JSON object per file instead of text")
     explain.add_argument("files", nargs="+", type=Path)
+    for name, cmd in sub.choices.items():
+        if name not in ("train", "loadtest"):  # those parse their own flags (train: --load-into, --api-key)
+            # Global options also after the subcommand (`lara info --url URL`); SUPPRESS keeps the global value.
+            cmd.add_argument("--url", default=argparse.SUPPRESS, help="or before the subcommand; or env LARA_URL")
+            cmd.add_argument("--api-key", default=argparse.SUPPRESS, help="or env LARA_API_KEY")
     return parser
 
 
@@ -141,7 +143,19 @@ def _train(argv: list[str], api_key: str | None) -> int:
         return 1
     if api_key and "--api-key" not in argv:
         argv = [*argv, "--api-key", api_key]
-    return train_main(argv, load=load_into)
+    return train_main(argv, load=load_into, probe=probe_server)
+
+
+def probe_server(url: str, api_key: str | None) -> None:
+    """--load-into, before training: the server answers and shows its model repository to this key."""
+    with LaraClient(url, api_key=api_key, timeout_s=10.0) as client:
+        try:
+            live = client.is_live()
+            client.repository_index()  # what loading asks first: a refused API key fails here, not after training
+        except httpx.TransportError as exc:
+            raise RuntimeError(_transport_message(url, exc)) from None
+    if not live:
+        raise RuntimeError(f"{url} is not live")
 
 
 def load_into(url: str, name: str, api_key: str | None) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
 from lara_serve.model_export.export.exporter import export_model_dir
 from lara_serve.model_export.head.finalize import holdout_temperature, serving_sections
@@ -99,7 +99,8 @@ def finish(args: argparse.Namespace, prep: Any, state: FitState, stage: Path) ->
         "baseline_accuracy": baseline["accuracy"] if baseline else None,
         "holdout_accuracy": state.history[-1]["holdout_acc"] if state.history else None,
         "train_time_s": round(state.train_time_s, 1),
-        "epochs": state.epoch,
+        "clock": args.clock,  # what train_time_s counts: wall-clock or this process's CPU seconds
+        "epochs": epochs_trained(state),
         "steps": state.step,
         "history": state.history,
     }
@@ -135,7 +136,11 @@ def finish(args: argparse.Namespace, prep: Any, state: FitState, stage: Path) ->
     conf["outputs"] = [*conf["outputs"], {"name": "ood_score", "datatype": "FP32", "shape": [-1]}]
     save_pretrained(model, conf, stage)
     weights = stage / VERSION / WEIGHTS
-    save_file({**load_file(str(weights)), **serving.serving_state()}, str(weights), metadata={"format": "pt"})
+    tensors = {**load_file(str(weights)), **serving.serving_state()}
+    # A new file made by a plain write: mode 0666 less the umask (0644 usually), readable by the container's
+    # user, as the shipped models are; safetensors' save_file creates 0600 files.
+    weights.unlink()
+    weights.write_bytes(save(tensors, metadata={"format": "pt"}))
     max_length = prep.cfg.max_length if isinstance(prep.cfg, TextConfig) else None
     export_model_dir(stage, max_length=max_length)
     (stage / "split.json").write_text(json.dumps(split, indent=2) + "\n")
@@ -157,10 +162,21 @@ def finish(args: argparse.Namespace, prep: Any, state: FitState, stage: Path) ->
             "lara": probs.argmax(-1).tolist(),
             "baseline": bprobs.argmax(-1).tolist() if baseline else None,
         },
-        "training": {"epochs": state.epoch, "train_time_s": state.train_time_s, "history": state.history},
+        "training": {
+            "epochs": epochs_trained(state),
+            "train_time_s": state.train_time_s,
+            "clock": args.clock,
+            "history": state.history,
+        },  # fmt: skip
     }
     write_report(stage, report, prep.names)
     return metrics
+
+
+def epochs_trained(state: FitState) -> int | float:
+    """Epochs trained: whole epochs as an int, a budget-cut last epoch by its share (1.3)."""
+    exact = state.epochs_exact or float(state.epoch)
+    return int(exact) if exact == int(exact) else exact
 
 
 def command_line(args: argparse.Namespace) -> str:

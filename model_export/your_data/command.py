@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import json
 import shutil
 import sys
@@ -31,7 +32,7 @@ import torch
 from torch import nn
 
 from lara_serve.model_export.head.finalize import TEXT_HEADS, task_outputs, text_outputs
-from lara_serve.model_export.models.config import POOLINGS, TextConfig, config_from_dict
+from lara_serve.model_export.models.config import TextConfig, config_from_dict
 from lara_serve.model_export.models.ood_input import image_input_scores, text_input_scores
 from lara_serve.model_export.models.registry import build_model, get_config
 from lara_serve.model_export.training.data import pad_batch
@@ -42,90 +43,35 @@ from lara_serve.model_export.your_data import dist as userdist
 from lara_serve.model_export.your_data import loader as ud
 from lara_serve.model_export.your_data import recipe as recipe
 from lara_serve.model_export.your_data import wide as userwide
-from lara_serve.model_export.your_data.artifact import SHIPPED, finish
+from lara_serve.model_export.your_data.artifact import SHIPPED as SHIPPED  # where --init finds shipped models
+from lara_serve.model_export.your_data.artifact import finish
 from lara_serve.model_export.your_data.baseline import IMAGE_BASELINE, TEXT_BASELINE, image_baseline, text_baseline
 from lara_serve.model_export.your_data.fit import (
     BudgetTooSmall,
     FitSettings,
     ResumeError,
     TrainingStopped,
+    check_resume,
     clock_fn,
     fit,
+    resume_notes,
 )
-
-DEFAULT_ARCH = {"text": "lara-text-news", "image": "lara-vit-fashion"}
-DEFAULT_INIT = {"text": "lara-text-news", "image": "none"}
-DEFAULT_BUDGET_MIN = 15.0
-MAX_DEFAULT_IMAGE = 64  # default --image-size is the data's most common side, at most this
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("data", type=Path, help="a .jsonl/.csv/.tsv file, or a folder with one subfolder per label")
-    p.add_argument("--out", type=Path, required=True, help="the model folder to write (inside a model repository)")
-    p.add_argument("--task", choices=["text", "image"], default=None, help="default: inferred from DATA")
-    p.add_argument("--text-field", default="text")
-    p.add_argument("--label-field", default="label")
-    p.add_argument("--test", type=Path, default=None, help="a test file/folder (else a stratified split of DATA)")
-    p.add_argument("--test-fraction", type=float, default=0.2)
-    p.add_argument("--holdout-fraction", type=float, default=0.1, help="of train: per-epoch validation, calibration")
-    p.add_argument("--init", default=None, help="none | a shipped model NAME | a model DIR (default: text "
-                   "lara-text-news, images none); tensors whose name and shape fit are copied, the head is new")  # fmt: skip
-    p.add_argument("--arch", default=None, help="registered architecture (default: that of --init, else "
-                   "lara-text-news / lara-vit-fashion)")  # fmt: skip
-    p.add_argument("--max-length", type=int, default=None, help="text: longest document served, bytes")
-    p.add_argument("--image-size", type=int, default=None, help="images: side after resizing (default: the data's)")
-    p.add_argument("--time-budget", type=float, default=None, metavar="MINUTES",
-                   help=f"training time; the schedule fits it (default {DEFAULT_BUDGET_MIN:g} unless --epochs)")  # fmt: skip
-    p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
-                   help="what --time-budget counts: wall-clock seconds, or this process's CPU seconds (the same "
-                   "training however busy the machine is; the image baseline gets the same)")  # fmt: skip
-    p.add_argument("--epochs", type=int, default=None)
-    p.add_argument("--batch-size", type=int, default=None, help="images: examples per step (text batches by tokens)")
-    p.add_argument("--lr", type=float, default=None)
-    p.add_argument("--no-augment", action="store_true", help="no augmentation: text, no casing / whitespace / "
-                   "markup / typo noise and no unrelated filler (lara_serve.model_export.training.augment); images, no crop / flip")  # fmt: skip
-    p.add_argument("--no-case-fold", action="store_true", help="text: keep letter case (default: folded in the graph)")
-    p.add_argument("--pooling", choices=POOLINGS, default=recipe.POOLING, help="text: how the encoder "
-                   "reads a document out: attention (learned token weights), passages (each 512-byte passage "
-                   "scored, log-mean-exp over them: filler cannot dilute it), mean")  # fmt: skip
-    p.add_argument("--no-wide", action="store_true", help="text: the encoder alone, without the wide path (hashed "
-                   "word 1-2-gram tf-idf + logistic regression, fitted first and blended on the holdout)")  # fmt: skip
-    p.add_argument("--no-baseline", action="store_true", help="skip the plain baseline")
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--resume", action="store_true", help="continue from the checkpoint of an interrupted run")
-    p.add_argument("--overwrite", action="store_true", help="replace a model already in DIR")
-    p.add_argument("--quiet", action="store_true", help="no progress output")
-    p.add_argument("--json-lines", action="store_true", help="progress as JSON lines on stdout")
-    p.add_argument("--load-into", default=None, metavar="URL", help="then load it into the server at URL")
-    p.add_argument("--api-key", default=None, help="for --load-into")
-
-
-class UsageError(ValueError):
-    """A bad option or output folder; the message says what to do."""
-
-
-def check_out(out: Path, overwrite: bool) -> None:
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file; give a folder")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        what = "a model" if (out / "config.json").exists() or (out / "1").exists() else "files"
-        raise UsageError(f"--out {out} already holds {what}; pass --overwrite to replace it, or choose another folder")
-
-
-def _resolve_init(init: str) -> Path | None:
-    if init == "none":
-        return None
-    for candidate in (Path(init), SHIPPED / init):
-        if (candidate / "config.json").is_file():
-            return candidate
-    raise UsageError(f"--init {init}: no model folder {init} nor {SHIPPED / init}; use none, a shipped name or a DIR")
+from lara_serve.model_export.your_data.options import (
+    DEFAULT_ARCH,
+    DEFAULT_INIT,
+    MAX_DEFAULT_IMAGE,
+    UsageError,
+    add_arguments,
+    check_options,
+    check_out,
+    resolve_init,
+)
 
 
 def build(args: argparse.Namespace, task: str, labels: list[str], image: tuple[int, int, float, float] | None):
     """(model, cfg, init path, init record): the architecture, resized for the labels and the data (text: with
     the robust recipe's pooling and case folding, lara_serve.model_export.your_data.recipe), with --init's weights."""
-    init = _resolve_init(args.init or DEFAULT_INIT[task])
+    init = resolve_init(args.init or DEFAULT_INIT[task])
     if args.arch:
         cfg = get_config(args.arch)
     elif init is not None:
@@ -171,17 +117,6 @@ def _image_logits(model: nn.Module, task: ImageTask) -> np.ndarray:
         return torch.cat([model(**x) for x, _ in task.eval_batches(256)]).numpy()
 
 
-def _check_options(args: argparse.Namespace) -> None:
-    for name in ("time_budget", "epochs", "max_length", "image_size", "batch_size", "threads"):
-        value = getattr(args, name)
-        if value is not None and value <= 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be positive, got {value}")
-    if args.image_size is not None and args.image_size < 4:
-        raise UsageError(f"--image-size must be at least 4, got {args.image_size}")
-    if args.epochs is None and args.time_budget is None:
-        args.time_budget = DEFAULT_BUDGET_MIN
-
-
 @dataclasses.dataclass
 class Prepared:
     """The data, split and model of a run, ready for training."""
@@ -208,7 +143,7 @@ class Prepared:
     parts: dict[str, Any] | None = None  # after training: the wide path's blend and each part alone
 
 
-def prepare(args: argparse.Namespace) -> Prepared:
+def prepare(args: argparse.Namespace, group: userdist.Group = userdist.Group()) -> Prepared:
     """Read and check everything (data, labels, split, architecture) before any file is written."""
     data = ud.load_data(args.data, args.task, args.text_field, args.label_field)
     ud.check_labels(data)
@@ -230,12 +165,13 @@ def prepare(args: argparse.Namespace) -> Prepared:
         model, cfg, init, taken = build(args, "text", names, None)
         mix = recipe.length_mix(cfg.max_length)
         train_task: Any = LengthMixTask([data.texts[i] for i in split.train], y_train, cfg.max_length, **mix)
-        aug = recipe.text_augment(cfg.max_length, enabled=not args.no_augment)
+        bank, filler_sha = recipe.filler_bank(group.share) if not args.no_augment else (None, None)
+        aug = recipe.text_augment(cfg.max_length, enabled=not args.no_augment, bank=bank)
         train_task.text_augment = None if aug is None else recipe.capped(aug, cfg.max_length)
         hold_raws, test_raws = [data.texts[i] for i in split.holdout], [test.texts[i] for i in test_idx]
         hold_fn = lambda m: _text_logits(m, hold_raws, cfg.max_length)  # noqa: E731
         hp = {**DEFAULTS["news"], "length_mix": mix, "recipe": recipe.recipe_line(cfg.pooling), "augment": not args.no_augment,
-              "text_augment": recipe.augment_record(aug)}  # fmt: skip
+              "text_augment": recipe.augment_record(aug), "filler_sha256": filler_sha}  # fmt: skip
         # The out-of-distribution fit reads training documents whole and as heads (what head-truncating
         # clients send), as lara_serve.model_export.head.finalize does for the shipped models.
         train_raws = [data.texts[i][: cfg.max_length] for i in split.train]
@@ -342,15 +278,17 @@ def _fit_wide(prep: Prepared, settings: FitSettings) -> tuple[Any, FitSettings]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """The whole pipeline; returns config.json's "metrics". Raises DataError, UsageError, BudgetTooSmall,
     TrainingStopped with messages meant for the user."""
-    _check_options(args)
+    check_options(args)
     check_out(args.out, args.overwrite)
     if args.threads:
         torch.set_num_threads(args.threads)
     group = userdist.setup()  # one process, or this one's place under torchrun
-    prep = prepare(args)
+    prep = prepare(args, group)
     progress = "quiet" if args.quiet else "json" if args.json_lines else "bar"
-    work = args.out.parent / f".{args.out.name}.lara-train"
+    work = work_dir(args.out)
     settings = _fit_settings(args, prep.hp)
+    if group.main:
+        warn_long(prep)  # on stderr, also with --quiet: it is about the data
     meta = {
         "data_sha256": ud.fingerprint(prep.data.source),
         "test_sha256": ud.fingerprint(prep.test.source),
@@ -359,9 +297,45 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "init": str(prep.init),
         "fit": dataclasses.asdict(settings),
         "augment": prep.hp["augment"],
+        # text: the filler text the augmentation reads from the installed packages (a pip install changes it)
+        "filler_sha256": prep.hp.get("filler_sha256"),
     }
-    if group.main:
-        work.mkdir(parents=True, exist_ok=True)
+    if args.resume:  # before the wide path's fit: a refused resume costs nothing
+        for note in resume_notes(check_resume(work / "ckpt", meta), meta):
+            print(f"warning: --resume: {note}", file=sys.stderr)
+    created = group.main and not work.exists()
+    try:
+        if group.main:
+            work.mkdir(parents=True, exist_ok=True)
+        metrics = _train_and_write(args, prep, settings, work, meta, progress, group)
+    except TrainingStopped:
+        raise
+    except BaseException as exc:
+        if group.main:
+            _clean_up(work, created, full=isinstance(exc, OSError) and exc.errno == errno.ENOSPC)
+        raise
+    return metrics
+
+
+def work_dir(out: Path) -> Path:
+    """The hidden folder beside --out where a run builds everything (and keeps its checkpoint)."""
+    return out.parent / f".{out.name}.lara-train"
+
+
+def _clean_up(work: Path, created: bool, full: bool) -> None:
+    """After a failed run: the half-written model goes; the checkpoint stays for --resume, unless the disk is
+    full (freeing it comes first) or there is none (then the folder this run made goes too)."""
+    shutil.rmtree(work / "stage", ignore_errors=True)
+    shutil.rmtree(work / "ckpt.tmp", ignore_errors=True)
+    if full or not (work / "ckpt").exists():
+        shutil.rmtree(work / "ckpt", ignore_errors=True)
+        if created or full:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _train_and_write(args, prep: Prepared, settings: FitSettings, work: Path, meta: dict[str, Any], progress: str,
+                     group: userdist.Group) -> dict[str, Any]:  # fmt: skip
+    """Fit the wide path and the encoder, then (process 0) write the model folder and move it into place."""
     wide = None
     if prep.wide is not None:
         wide, settings = _fit_wide(prep, settings)
@@ -369,12 +343,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         state = fit(prep.model, prep.train_task,
                     lambda m: float((prep.holdout_logits(m).argmax(1) == prep.holdout_y).mean()),
                     settings, work / "ckpt", meta, resume=args.resume, progress=progress, group=group)  # fmt: skip
-    except TrainingStopped:
-        raise
-    except BaseException:
-        if group.main and not (work / "ckpt").exists():  # nothing to resume from: leave no trace
-            shutil.rmtree(work, ignore_errors=True)
-        raise
     finally:
         userdist.teardown(group)
     if not group.main:
@@ -392,12 +360,32 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return metrics
 
 
+def warn_long(prep: Prepared) -> None:
+    """Training reads a document's first max_length bytes (the server's truncate=head); say how many are cut."""
+    limit = getattr(prep.cfg, "max_length", None)
+    if limit is None or prep.data.task != "text":
+        return
+    long = [i for i, t in enumerate(prep.data.texts) if len(t) > limit]
+    if long:
+        worst = max(long, key=lambda i: len(prep.data.texts[i]))
+        print(
+            f"warning: {len(long)} of {len(prep.data)} documents in {prep.data.source} are longer than the model's "
+            f"{limit:,} bytes (the longest: {len(prep.data.texts[worst]):,} bytes, {prep.data.ids[worst]}); training "
+            f"reads their first {limit:,} bytes; the served model answers 413 for such documents unless the client "
+            "asks for truncation (truncate=head keeps what training saw); raise --max-length to read more",
+            file=sys.stderr,
+        )
+
+
 Loader = Callable[[str, str, "str | None"], str]  # (url, model name, api key) -> what happened
+Probe = Callable[[str, "str | None"], None]  # (url, api key): raises with a message if it cannot load models
 
 
-def main(argv: list[str] | None = None, load: Loader | None = None) -> int:
-    """`lara train ...`: 0 on success, 2 for bad data or options, 130 after Ctrl-C (checkpoint saved).
-    `load` adds the model to a running server (--load-into); the CLI passes the client's."""
+def main(argv: list[str] | None = None, load: Loader | None = None, probe: Probe | None = None) -> int:
+    """`lara train ...`: 0 on success, 2 for bad data or options, 1 when the disk is full or --load-into
+    fails after training, 130 after Ctrl-C (one line; a checkpoint kept if one was saved). `load` adds the
+    model to a running server (--load-into), `probe` checks that server before any work; the CLI passes the
+    client's."""
     parser = argparse.ArgumentParser(
         prog="lara train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -406,6 +394,11 @@ def main(argv: list[str] | None = None, load: Loader | None = None) -> int:
     if args.load_into and load is None:
         parser.error("--load-into needs the lara client (run it as `lara train`)")
     try:
+        if args.load_into and probe is not None:
+            try:
+                probe(args.load_into, args.api_key)
+            except Exception as exc:  # the client's errors carry the server's message
+                raise UsageError(f"--load-into {args.load_into}: {exc}; start the server or drop --load-into") from None
         metrics = run(args)
     except (ud.DataError, UsageError, BudgetTooSmall, ResumeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -413,6 +406,16 @@ def main(argv: list[str] | None = None, load: Loader | None = None) -> int:
     except TrainingStopped as exc:
         print(f"{exc}; rerun the same command with --resume to continue", file=sys.stderr)
         return 130
+    except KeyboardInterrupt:
+        ckpt = work_dir(args.out) / "ckpt"
+        kept = f"; checkpoint kept in {ckpt}: rerun the same command with --resume" if ckpt.exists() else ""
+        print(f"interrupted{kept or '; nothing written'}", file=sys.stderr)
+        return 130
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+        print(f"error: no space left on device: {exc.filename or work_dir(args.out)}", file=sys.stderr)
+        return 1
     if not metrics:
         return 0  # not process 0 of a torchrun group: it reported nothing and wrote nothing
     done = {"event": "done", "out": str(args.out), **{k: v for k, v in metrics.items() if k != "history"}}

@@ -40,6 +40,14 @@ class Group:
         idx = torch.arange(self.rank, len(labels), self.world)
         return {k: v[idx] for k, v in inputs.items()}, labels[idx], len(idx) / max(len(labels), 1)
 
+    def share(self, obj: object) -> object:
+        """Process 0's `obj` in every process (what each read of the machine may see differently)."""
+        if self.world == 1:
+            return obj
+        box = [obj if self.main else None]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
     def reduce_gradients(self, model: nn.Module) -> None:
         """Sum the (share-weighted) gradients of all processes, in one flat buffer (one collective)."""
         if self.world == 1:

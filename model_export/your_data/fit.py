@@ -11,6 +11,7 @@ rebuilds that epoch's batch stream from its seed and skips the batches already t
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import signal
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 from torch import nn
 
 from lara_serve.model_export.models.layers import Attention
@@ -80,6 +81,7 @@ class FitState:
     epoch: int = 0  # epochs finished
     step: int = 0  # optimizer steps over all epochs
     step_in_epoch: int = 0  # > 0 only in a checkpoint written by Ctrl-C mid-epoch
+    epochs_exact: float = 0.0  # epochs trained, the last one by its share of the epoch's steps when cut short
     train_time_s: float = 0.0
     seen: int = 0  # examples, correct predictions and summed loss of the current epoch so far
     correct: int = 0
@@ -123,19 +125,23 @@ def _attention_generators(model: nn.Module) -> list[torch.Generator]:
 
 
 def save_checkpoint(ckpt: Path, model: nn.Module, opt: torch.optim.Optimizer, state: FitState, meta: dict) -> None:
-    """Written next to a temporary name and renamed: an interrupt while saving leaves the previous one whole."""
+    """Written next to a temporary name and renamed: an interrupt while saving leaves the previous one whole.
+    Each file is serialized in memory and written with a plain write, so a full disk raises OSError(ENOSPC)
+    naming the file (torch.save's zip writer reports it as "unexpected pos ...")."""
     tmp = ckpt.with_name(ckpt.name + ".tmp")
     tmp.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(tmp / "model.safetensors"))
+    (tmp / "model.safetensors").write_bytes(save({k: v.detach().contiguous() for k, v in model.state_dict().items()}))
     # Pickled optimizer and RNG state lives only here, in the resume checkpoint, never in the model folder.
+    buffer = io.BytesIO()
     torch.save(
         {
             "opt": opt.state_dict(),
             "torch_rng": torch.get_rng_state(),
             "noise_rng": [g.get_state() for g in _attention_generators(model)],
         },
-        tmp / "optim.pt",
+        buffer,
     )
+    (tmp / "optim.pt").write_bytes(buffer.getvalue())
     (tmp / "state.json").write_text(json.dumps({"state": asdict(state), "meta": meta}, indent=2))
     if ckpt.exists():
         for f in ckpt.iterdir():
@@ -144,17 +150,38 @@ def save_checkpoint(ckpt: Path, model: nn.Module, opt: torch.optim.Optimizer, st
     tmp.rename(ckpt)
 
 
-def load_checkpoint(ckpt: Path, model: nn.Module, opt: torch.optim.Optimizer, meta: dict) -> tuple[FitState, list]:
-    """Restore weights, optimizer and global RNG; returns the state and the attention noise states."""
+def check_resume(ckpt: Path, meta: dict) -> dict[str, Any]:
+    """The checkpoint's saved record, if `ckpt` holds one made with these settings; else ResumeError. Cheap:
+    `lara train --resume` calls it before any work. Settings are compared as state.json holds them (JSON: a
+    tuple in `meta` equals the list it was saved as)."""
     if not (ckpt / "state.json").is_file():
         raise ResumeError(f"--resume: no checkpoint in {ckpt}; start without --resume")
     saved = json.loads((ckpt / "state.json").read_text())
-    differs = sorted(k for k in meta if saved["meta"].get(k) != meta[k])
+    now = json.loads(json.dumps(meta))
+    differs = sorted(k for k in now if k not in _ADVISORY and saved["meta"].get(k) != now[k])
     if differs:
         raise ResumeError(
             f"--resume: the checkpoint in {ckpt} was made with other settings ({', '.join(differs)}); "
             "rerun the original command with --resume, or start again without it"
         )
+    return saved
+
+
+# Settings a resume continues across, with a warning: what changed is the machine, not the command.
+_ADVISORY = {
+    "filler_sha256": "the installed Python packages changed since the checkpoint (the augmentation's filler "
+    "text is read from them): training continues, but not to the uninterrupted run's exact weights",
+}
+
+
+def resume_notes(saved: dict[str, Any], meta: dict[str, Any]) -> list[str]:
+    """Warnings for the advisory settings (_ADVISORY) that differ between a checkpoint and this run."""
+    return [note for k, note in _ADVISORY.items() if k in meta and saved["meta"].get(k) != meta[k]]
+
+
+def load_checkpoint(ckpt: Path, model: nn.Module, opt: torch.optim.Optimizer, meta: dict) -> tuple[FitState, list]:
+    """Restore weights, optimizer and global RNG; returns the state and the attention noise states."""
+    saved = check_resume(ckpt, meta)
     model.load_state_dict(load_file(str(ckpt / "model.safetensors")))
     o = torch.load(ckpt / "optim.pt", weights_only=True)
     opt.load_state_dict(o["opt"])
@@ -234,9 +261,11 @@ def fit(
                 # already fills the budget: its first steps project the epoch and say the budget is too small.
                 if out_of_time(state.train_time_s) and (epoch > 0 or state.step_in_epoch > 0):
                     break
-                _run_epoch(model, task, opt, loss_fn, s, state, epoch, noise, stop, rep, progress_at, out_of_time,
-                           steps_epoch, ckpt, meta, group)  # fmt: skip
+                whole = _run_epoch(model, task, opt, loss_fn, s, state, epoch, noise, stop, rep, progress_at,
+                                   out_of_time, steps_epoch, ckpt, meta, group)  # fmt: skip
                 noise = None
+                # An epoch cut by the budget counts its share of the (estimated) steps, below 1.
+                state.epochs_exact = round(epoch + (1.0 if whole else min(0.99, state.step_in_epoch / steps_epoch)), 2)
                 record = {
                     "event": "epoch",
                     "epoch": epoch + 1,
@@ -245,7 +274,10 @@ def fit(
                     "train_acc": state.correct / max(state.seen, 1),
                     "holdout_acc": holdout_accuracy(model),
                     "train_time_s": round(state.train_time_s, 3),
+                    "clock": s.clock,
                 }
+                if not whole:
+                    record["epoch_fraction"] = round(state.epochs_exact - epoch, 2)
                 state.history.append(record)  # type: ignore[union-attr]
                 state.epoch, state.step_in_epoch, state.seen, state.correct, state.loss_sum = epoch + 1, 0, 0, 0, 0.0
                 if group.main:
@@ -257,8 +289,9 @@ def fit(
 
 
 def _run_epoch(model, task, opt, loss_fn, s, state, epoch, noise, stop, rep, progress_at, out_of_time,
-               steps_epoch, ckpt, meta, group) -> None:  # fmt: skip
-    """One epoch from state.step_in_epoch on; updates `state` in place; Ctrl-C saves and raises."""
+               steps_epoch, ckpt, meta, group) -> bool:  # fmt: skip
+    """One epoch from state.step_in_epoch on; updates `state` in place; Ctrl-C saves and raises. Returns
+    False when the time budget cut the epoch short."""
     model.train()
     reseed_noise(model, s.seed, epoch)
     if noise is not None:  # resumed mid-epoch: the noise streams continue where they were
@@ -308,7 +341,8 @@ def _run_epoch(model, task, opt, loss_fn, s, state, epoch, noise, stop, rep, pro
                 save_checkpoint(ckpt, model, opt, state, meta)
             raise TrainingStopped(f"interrupted at step {state.step}; checkpoint saved in {ckpt}")
         if out_of_time(now):
-            break
+            return next(batches, None) is None  # the budget ran out on the epoch's last step: still whole
+    return True
 
 
 def _check_budget(s: FitSettings, epoch_s: float) -> None:

@@ -107,7 +107,9 @@ def _example(path: Path, line: int, row: dict[str, Any], text_field: str, label_
 
 def _read_jsonl(path: Path, text_field: str, label_field: str) -> tuple[list[bytes], list[str], list[str]]:
     texts, labels, ids = [], [], []
-    for n, line in enumerate(_decode(path, _read(path)).splitlines(), start=1):
+    # JSON Lines separates records by "\n" alone: str.splitlines() would also split at U+2028, U+2029, U+0085
+    # and the like, which JSON strings may hold unescaped. A "\r" before the "\n" is JSON whitespace.
+    for n, line in enumerate(_decode(path, _read(path)).split("\n"), start=1):
         if not line.strip():
             continue  # blank lines (a trailing newline, a separator) carry no example
         try:
@@ -123,12 +125,36 @@ def _read_jsonl(path: Path, text_field: str, label_field: str) -> tuple[list[byt
     return texts, labels, ids
 
 
+_DELIMITER_NAMES = {",": "comma", ";": "semicolon", "\t": "tab", "|": "pipe"}
+_SNIFF_CHARS = 64 * 1024  # the header and the first lines: enough to see the delimiter
+
+
+def _sniff_delimiter(text: str, default: str) -> str:
+    """The delimiter of a table among , ; tab | (a ".csv" from a spreadsheet with a decimal comma uses ";"),
+    found by csv.Sniffer over the first lines; the suffix's own (default) when the sniffer cannot tell."""
+    sample = text[:_SNIFF_CHARS]
+    if len(text) > _SNIFF_CHARS and "\n" in sample:
+        sample = sample[: sample.rindex("\n")]  # whole lines only: a cut row would mislead the count
+    try:
+        found = csv.Sniffer().sniff(sample, delimiters="".join(_DELIMITER_NAMES)).delimiter
+    except csv.Error:
+        return default
+    header = sample.split("\n", 1)[0]
+    # The header names the columns: a delimiter it does not hold is a guess from the texts' own punctuation.
+    in_header = [d for d in _DELIMITER_NAMES if d in header]
+    if found in header or not in_header:
+        return found
+    return default if default in in_header else in_header[0]
+
+
 def _read_table(
     path: Path, delimiter: str, text_field: str, label_field: str
 ) -> tuple[list[bytes], list[str], list[str]]:
     """CSV/TSV with a header row; line numbers are those of the file (a quoted field may span lines)."""
     csv.field_size_limit(_CSV_FIELD_LIMIT)
-    reader = csv.reader(io.StringIO(_decode(path, _read(path)), newline=""), delimiter=delimiter, strict=True)
+    text = _decode(path, _read(path))
+    delimiter = _sniff_delimiter(text, delimiter)
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
     texts, labels, ids = [], [], []
     try:
         header = next(reader, None)
@@ -139,7 +165,8 @@ def _read_table(
         if missing:
             raise DataError(
                 f"{path} line 1: no {' or '.join(repr(f) for f in missing)} column; columns found: {header} "
-                "(choose them with --text-field / --label-field)"
+                f"(split at {_DELIMITER_NAMES[delimiter]}; the delimiter is found among "
+                f"{', '.join(_DELIMITER_NAMES.values())}; choose the columns with --text-field / --label-field)"
             )
         start = reader.line_num + 1
         for fields in reader:

@@ -12,6 +12,7 @@ augmentation off (the architecture stays); `--no-case-fold` keeps letter case as
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import random
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +20,7 @@ from typing import Any
 from torch import nn
 
 from lara_serve.model_export.models.config import TextConfig
-from lara_serve.model_export.training.augment import TextAugment
+from lara_serve.model_export.training.augment import FillerBank, TextAugment
 from lara_serve.model_export.training.train import LENGTH_MIX
 
 # The encoder's side of the recipe: fixed by the architecture, so the exported graph carries it.
@@ -56,12 +57,28 @@ def text_config(cfg: TextConfig, case_fold: bool = True, pooling: str = POOLING)
     return dataclasses.replace(cfg, pooling=pooling, case_fold=case_fold)
 
 
-def text_augment(max_length: int, enabled: bool = True) -> TextAugment | None:
+def text_augment(max_length: int, enabled: bool = True, bank: FillerBank | None = None) -> TextAugment | None:
     """The shipped news recipe's augmentation (TextAugment's defaults), the augmented window capped at the
     model's max_length: filler never makes a training input longer than a served one may be."""
     if not enabled:
         return None
-    return TextAugment(max_total=min(TextAugment.max_total, max_length))
+    return TextAugment(max_total=min(TextAugment.max_total, max_length), bank=bank)
+
+
+def filler_bank(share: Callable[[object], object] = lambda x: x) -> tuple[FillerBank, str]:
+    """(the filler text this run trains with, its sha256). Read from the installed packages now, not taken from
+    a bank an earlier run in this process cached: a `pip install` in between changes the packages' texts, and
+    with them every augmented batch. `share` hands process 0's bank to every process of a torchrun group
+    (lara_serve.model_export.your_data.dist.Group.share), so all of them draw the same batches."""
+    FillerBank.installed.cache_clear()
+    local = FillerBank.installed()
+    sources, words = share((local.sources, local.words))  # type: ignore[misc]
+    h = hashlib.sha256()
+    for kind in sorted(sources):
+        for text in sources[kind]:
+            h.update(kind.encode() + b"\0" + len(text).to_bytes(8, "little") + text)
+    h.update("\n".join(words).encode())
+    return FillerBank(sources, words), h.hexdigest()
 
 
 def capped(aug: TextAugment, max_length: int) -> Callable[[bytes, random.Random], bytes]:
@@ -78,8 +95,7 @@ def augment_record(aug: TextAugment | None) -> dict[str, Any] | None:
     """What config.json's "training" records of the augmentation (as lara_serve.model_export.training.train writes it)."""
     if aug is None:
         return None
-    settings = dataclasses.asdict(aug)
-    settings.pop("bank")
+    settings = {f.name: getattr(aug, f.name) for f in dataclasses.fields(aug) if f.name != "bank"}
     return {
         **settings,
         "where": list(settings["where"]),

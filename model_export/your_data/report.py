@@ -154,6 +154,9 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.4f}"
 
 
+_CLOCKS = {"wall": "wall-clock", "cpu": "of CPU time (--clock cpu)"}
+
+
 def write_report(out: Path, report: dict[str, Any], names: Sequence[str]) -> None:
     """report.json (everything) and report.md (a person's view, with the charts)."""
     charts = write_charts(out, report, names)
@@ -162,8 +165,8 @@ def write_report(out: Path, report: dict[str, Any], names: Sequence[str]) -> Non
     lines = [
         f"# {report['name']}: {report['task']} classifier trained on {report['data']}",
         "",
-        f"Test set: {lara['n']} examples ({report['split']['how']}). Training: {report['training']['epochs']} "
-        f"epochs, {report['training']['train_time_s']:.0f} s.",
+        f"Test set: {lara['n']} examples ({report['split']['how']}). Training: {report['training']['epochs']:g} "
+        f"epochs, {report['training']['train_time_s']:.0f} s {_CLOCKS[report['training'].get('clock', 'wall')]}.",
         "",
         "| model | accuracy | macro-F1 | ECE |",
         "|---|---|---|---|",

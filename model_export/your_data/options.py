@@ -1,0 +1,89 @@
+"""The options of `lara train` and the checks made on them before anything is read or written."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from lara_serve.model_export.models.config import POOLINGS
+from lara_serve.model_export.your_data import recipe
+from lara_serve.model_export.your_data.artifact import SHIPPED
+
+DEFAULT_ARCH = {"text": "lara-text-news", "image": "lara-vit-fashion"}
+DEFAULT_INIT = {"text": "lara-text-news", "image": "none"}
+DEFAULT_BUDGET_MIN = 15.0
+MAX_DEFAULT_IMAGE = 64  # default --image-size is the data's most common side, at most this
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("data", type=Path, help="a .jsonl/.csv/.tsv file, or a folder with one subfolder per label")
+    p.add_argument("--out", type=Path, required=True, help="the model folder to write (inside a model repository)")
+    p.add_argument("--task", choices=["text", "image"], default=None, help="default: inferred from DATA")
+    p.add_argument("--text-field", default="text")
+    p.add_argument("--label-field", default="label")
+    p.add_argument("--test", type=Path, default=None, help="a test file/folder (else a stratified split of DATA)")
+    p.add_argument("--test-fraction", type=float, default=0.2)
+    p.add_argument("--holdout-fraction", type=float, default=0.1, help="of train: per-epoch validation, calibration")
+    p.add_argument("--init", default=None, help="none | a shipped model NAME | a model DIR (default: text "
+                   "lara-text-news, images none); tensors whose name and shape fit are copied, the head is new")  # fmt: skip
+    p.add_argument("--arch", default=None, help="registered architecture (default: that of --init, else "
+                   "lara-text-news / lara-vit-fashion)")  # fmt: skip
+    p.add_argument("--max-length", type=int, default=None, help="text: longest document served, bytes")
+    p.add_argument("--image-size", type=int, default=None, help="images: side after resizing (default: the data's)")
+    p.add_argument("--time-budget", type=float, default=None, metavar="MINUTES",
+                   help=f"training time; the schedule fits it (default {DEFAULT_BUDGET_MIN:g} unless --epochs)")  # fmt: skip
+    p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                   help="what --time-budget counts: wall-clock seconds, or this process's CPU seconds (the same "
+                   "training however busy the machine is; the image baseline gets the same)")  # fmt: skip
+    p.add_argument("--epochs", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=None, help="images: examples per step (text batches by tokens)")
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--no-augment", action="store_true", help="no augmentation: text, no casing / whitespace / "
+                   "markup / typo noise and no unrelated filler (lara_serve.model_export.training.augment); images, no crop / flip")  # fmt: skip
+    p.add_argument("--no-case-fold", action="store_true", help="text: keep letter case (default: folded in the graph)")
+    p.add_argument("--pooling", choices=POOLINGS, default=recipe.POOLING, help="text: how the encoder "
+                   "reads a document out: attention (learned token weights), passages (each 512-byte passage "
+                   "scored, log-mean-exp over them: filler cannot dilute it), mean")  # fmt: skip
+    p.add_argument("--no-wide", action="store_true", help="text: the encoder alone, without the wide path (hashed "
+                   "word 1-2-gram tf-idf + logistic regression, fitted first and blended on the holdout)")  # fmt: skip
+    p.add_argument("--no-baseline", action="store_true", help="skip the plain baseline")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resume", action="store_true", help="continue from the checkpoint of an interrupted run")
+    p.add_argument("--overwrite", action="store_true", help="replace a model already in DIR")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--json-lines", action="store_true", help="progress as JSON lines on stdout")
+    p.add_argument("--load-into", default=None, metavar="URL", help="then load it into the server at URL")
+    p.add_argument("--api-key", default=None, help="for --load-into")
+
+
+class UsageError(ValueError):
+    """A bad option or output folder; the message says what to do."""
+
+
+def check_out(out: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file; give a folder")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        what = "a model" if (out / "config.json").exists() or (out / "1").exists() else "files"
+        raise UsageError(f"--out {out} already holds {what}; pass --overwrite to replace it, or choose another folder")
+
+
+def resolve_init(init: str) -> Path | None:
+    if init == "none":
+        return None
+    for candidate in (Path(init), SHIPPED / init):
+        if (candidate / "config.json").is_file():
+            return candidate
+    raise UsageError(f"--init {init}: no model folder {init} nor {SHIPPED / init}; use none, a shipped name or a DIR")
+
+
+def check_options(args: argparse.Namespace) -> None:
+    for name in ("time_budget", "epochs", "max_length", "image_size", "batch_size", "threads"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    if args.image_size is not None and args.image_size < 4:
+        raise UsageError(f"--image-size must be at least 4, got {args.image_size}")
+    if args.epochs is None and args.time_budget is None:
+        args.time_budget = DEFAULT_BUDGET_MIN
