@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from importlib.metadata import PackageNotFoundError, version
+from typing import TypeVar
 
 from prometheus_client import (
     CollectorRegistry,
@@ -32,105 +34,79 @@ class Metrics:
         self.registry = CollectorRegistry()
         self.statistics = Statistics()  # Triton's exact counts (statistics routes, gRPC)
         r = self.registry
-        self.requests = Counter(
+        counter, gauge, histogram = _bound(Counter, r), _bound(Gauge, r), _bound(Histogram, r)
+        self.requests = counter(
             "lara_requests",
             "Inference requests by model, outcome (ok or error kind) and protocol (v1, v2, tei, torchserve, grpc, ...)",
             ["model", "outcome", "protocol"],
-            registry=r,
         )
-        self.request_time = Histogram(
-            "lara_request_seconds",
-            "Wall time of inference requests",
-            ["model", "protocol"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+        self.request_time = histogram(
+            "lara_request_seconds", "Wall time of inference requests", ["model", "protocol"], buckets=_LATENCY_BUCKETS
         )
-        self.queue_time = Histogram(
-            "lara_queue_seconds",
-            "Time an item waited for its batch",
-            ["model"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+        self.queue_time = histogram(
+            "lara_queue_seconds", "Time an item waited for its batch", ["model"], buckets=_LATENCY_BUCKETS
         )
-        self.inference_time = Histogram(
-            "lara_inference_seconds",
-            "Backend time per batch",
-            ["model"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+        self.inference_time = histogram(
+            "lara_inference_seconds", "Backend time per batch", ["model"], buckets=_LATENCY_BUCKETS
         )
-        self.batch_size = Histogram("lara_batch_size", "Items per batch", ["model"], buckets=_SIZE_BUCKETS, registry=r)
-        self.batch_tokens = Histogram(
-            "lara_batch_tokens",
-            "Padded tokens per batch (padded length x items)",
-            ["model"],
-            buckets=_TOKEN_BUCKETS,
-            registry=r,
+        self.batch_size = histogram("lara_batch_size", "Items per batch", ["model"], buckets=_SIZE_BUCKETS)
+        self.batch_tokens = histogram(
+            "lara_batch_tokens", "Padded tokens per batch (padded length x items)", ["model"], buckets=_TOKEN_BUCKETS
         )
-        self.queue_depth = Gauge("lara_queue_depth", "Items waiting per model", ["model"], registry=r)
-        self.items_dropped = Counter(
+        self.queue_depth = gauge("lara_queue_depth", "Items waiting per model", ["model"])
+        self.items_dropped = counter(
             "lara_items_dropped",
             "Items removed from the queue without being computed: reason cancelled (client disconnected "
             "or request timed out while queued) or deadline (could not finish before request_timeout_s)",
             ["model", "reason"],
-            registry=r,
         )
-        self.items_orphaned = Counter(
+        self.items_orphaned = counter(
             "lara_items_orphaned",
             "Items computed although their request had gone (disconnected or timed out mid-batch)",
             ["model"],
-            registry=r,
         )
-        self.model_ready = Gauge(
-            "lara_model_ready", "1 if the model serves, 0 if it failed to load (see the start-up log)", ["model"],
-            registry=r,
-        )  # fmt: skip
-        self.model_load_failures = Counter(
-            "lara_model_load_failures", "Models that failed to load or to pass the load-time check", ["model"],
-            registry=r,
-        )  # fmt: skip
-        self.connections_refused = Counter(
-            "lara_connections_refused", "Connections closed at once because max_connections were open", registry=r
+        self.model_ready = gauge(
+            "lara_model_ready", "1 if the model serves, 0 if it failed to load (see the start-up log)", ["model"]
         )
-        self.large_bodies_refused = Counter(
+        self.model_load_failures = counter(
+            "lara_model_load_failures", "Models that failed to load or to pass the load-time check", ["model"]
+        )
+        self.connections_refused = counter(
+            "lara_connections_refused", "Connections closed at once because max_connections were open"
+        )
+        self.large_bodies_refused = counter(
             "lara_large_bodies_refused",
             "Requests answered 503 because max_large_bodies requests with large bodies were in flight",
-            registry=r,
         )
-        self.client_timeouts = Counter(
+        self.client_timeouts = counter(
             "lara_client_timeouts",
             "Connections closed because the client was too slow: phase header or body (408)",
             ["phase"],
-            registry=r,
         )
-        self.nonfinite_outputs = Counter(
+        self.nonfinite_outputs = counter(
             "lara_nonfinite_outputs",
             "Items whose model output held NaN or Inf (answered 500, never as a result)",
             ["model"],
-            registry=r,
         )
-        self.out_of_distribution = Counter(
+        self.out_of_distribution = counter(
             "lara_out_of_distribution",
             "Items answered with in_distribution false (ood_score above the model's ood.threshold): the signal of "
             "inputs unlike the training data; compare with lara_input_length_count (items computed)",
             ["model"],
-            registry=r,
         )
-        self.in_flight = Gauge("lara_requests_in_flight", "Inference requests being served now", registry=r)
-        self.draining = Gauge("lara_draining", "1 while the server drains after SIGTERM/SIGINT", registry=r)
-        self.input_length = Histogram(
+        self.in_flight = gauge("lara_requests_in_flight", "Inference requests being served now")
+        self.draining = gauge("lara_draining", "1 while the server drains after SIGTERM/SIGINT")
+        self.input_length = histogram(
             "lara_input_length",
             "Tokens per item the model ran on (text: UTF-8 bytes after truncation; image: 1)",
             ["model"],
             buckets=_LENGTH_BUCKETS,
-            registry=r,
         )
-        self.item_time = Histogram(
+        self.item_time = histogram(
             "lara_item_seconds",
             "Queue + inference time per item, by input length (label length: the power of two at or above it)",
             ["model", "length"],
             buckets=_LATENCY_BUCKETS,
-            registry=r,
         )
         # The version of the server (the model versions are on lara_model_info), and the process's own
         # CPU, memory, open files and GC, as every Prometheus client exports them by default.
@@ -186,6 +162,14 @@ class ModelObserver:
     def out_of_distribution(self, count: int) -> None:
         if count:
             self._metrics.out_of_distribution.labels(self._model).inc(count)
+
+
+_M = TypeVar("_M", Counter, Gauge, Histogram)
+
+
+def _bound(kind: Callable[..., _M], registry: CollectorRegistry) -> Callable[..., _M]:
+    """`kind` on this app's registry: every metric of an app lives on its own registry (see the module doc)."""
+    return functools.partial(kind, registry=registry)
 
 
 def server_version() -> str:

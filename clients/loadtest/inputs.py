@@ -11,9 +11,10 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 InputKind = Literal["text", "image"]
+T = TypeVar("T")
 
 SYNTHETIC_DOCS = 16  # distinct documents per synthetic length, so no cache sees one body repeated
 BUILTIN_LIMIT = 512  # items taken from a built-in set (the sets are larger than any test needs)
@@ -128,15 +129,23 @@ def from_paths(paths: Sequence[Path]) -> InputGroup:
 # -- built-in sets: the projects' own test splits, loaded lazily (they need model_export and its data) ------
 
 
+def _test_split(name: str, load: Callable[[str], T], unavailable: type[Exception]) -> T:
+    """The built-in set's test split; its loader's "data missing" error becomes an InputError naming the set."""
+    try:
+        return load("test")
+    except unavailable as exc:
+        raise InputError(f"built-in set {name!r} is unavailable: {exc}") from None
+
+
+def _texts(name: str, docs: Sequence[Any]) -> InputGroup:
+    payloads = tuple(Payload("text", d.text.encode(), TEXT_CONTENT_TYPE) for d in docs[:BUILTIN_LIMIT])
+    return InputGroup(f"{name}-test", "text", payloads)
+
+
 def _bbc() -> InputGroup:
     from lara_serve.model_export.training.data import DataUnavailable, load_news
 
-    try:
-        docs = load_news("test")
-    except DataUnavailable as exc:
-        raise InputError(f"built-in set 'bbc' is unavailable: {exc}") from None
-    payloads = tuple(Payload("text", d.text.encode(), TEXT_CONTENT_TYPE) for d in docs[:BUILTIN_LIMIT])
-    return InputGroup("bbc-test", "text", payloads)
+    return _texts("bbc", _test_split("bbc", load_news, DataUnavailable))
 
 
 def _brown() -> InputGroup:
@@ -146,12 +155,7 @@ def _brown() -> InputGroup:
         raise InputError(
             "built-in set 'brown' needs lara_serve.model_export.training.brown, which this checkout lacks"
         ) from None
-    try:
-        docs = load_brown("test")
-    except BrownUnavailable as exc:
-        raise InputError(f"built-in set 'brown' is unavailable: {exc}") from None
-    payloads = tuple(Payload("text", d.text.encode(), TEXT_CONTENT_TYPE) for d in docs[:BUILTIN_LIMIT])
-    return InputGroup("brown-test", "text", payloads)
+    return _texts("brown", _test_split("brown", load_brown, BrownUnavailable))
 
 
 def _fashion() -> InputGroup:
@@ -159,10 +163,7 @@ def _fashion() -> InputGroup:
 
     from lara_serve.model_export.training.data import DataUnavailable, load_fashion
 
-    try:
-        images, _ = load_fashion("test")
-    except DataUnavailable as exc:
-        raise InputError(f"built-in set 'fashion' is unavailable: {exc}") from None
+    images, _ = _test_split("fashion", load_fashion, DataUnavailable)
     payloads = []
     for image in images[:BUILTIN_LIMIT].numpy():  # uint8 [1, 28, 28] each
         buffer = io.BytesIO()

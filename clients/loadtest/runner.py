@@ -107,43 +107,43 @@ async def send(client: Client, request: PreparedRequest, start: float, scheduled
     return Sample(scheduled, sent, time.perf_counter() - start, status, server)
 
 
-async def run_closed(
-    client: Client,
-    requests: Sequence[PreparedRequest],
-    concurrency: int,
-    max_requests: int,
-    max_seconds: float,
-    on_done: Callable[[Sample], None] = lambda s: None,
-) -> CellRun:
+def _ignore(sample: Sample) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class CellPlan:
+    """What one cell sends, in turn, and where it stops: after `max_requests` or `max_seconds`, whichever is first."""
+
+    requests: Sequence[PreparedRequest]
+    max_requests: int
+    max_seconds: float
+    seed: int = 0  # the open loop's arrival schedule
+    on_done: Callable[[Sample], None] = _ignore  # called with each answered request (progress bars)
+
+
+async def run_closed(client: Client, plan: CellPlan, concurrency: int) -> CellRun:
     samples: list[Sample] = []
     issued = 0
     start = time.perf_counter()
 
     async def worker() -> None:
         nonlocal issued
-        while issued < max_requests and time.perf_counter() - start < max_seconds:
-            request = requests[issued % len(requests)]
+        while issued < plan.max_requests and time.perf_counter() - start < plan.max_seconds:
+            request = plan.requests[issued % len(plan.requests)]
             issued += 1
             sample = await send(client, request, start, time.perf_counter() - start)
             samples.append(sample)
-            on_done(sample)
+            plan.on_done(sample)
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     duration = time.perf_counter() - start
-    return CellRun(samples, duration, "requests" if issued >= max_requests else "seconds")
+    return CellRun(samples, duration, "requests" if issued >= plan.max_requests else "seconds")
 
 
-async def run_open(
-    client: Client,
-    requests: Sequence[PreparedRequest],
-    point: LoadPoint,
-    max_requests: int,
-    max_seconds: float,
-    seed: int = 0,
-    on_done: Callable[[Sample], None] = lambda s: None,
-) -> CellRun:
+async def run_open(client: Client, plan: CellPlan, point: LoadPoint) -> CellRun:
     assert point.rate is not None
-    offsets = arrival_offsets(point.rate, point.arrival, max_requests, max_seconds, seed)
+    offsets = arrival_offsets(point.rate, point.arrival, plan.max_requests, plan.max_seconds, plan.seed)
     gate = asyncio.Semaphore(point.max_in_flight) if point.max_in_flight else None
     samples: list[Sample] = []
     tasks: list[asyncio.Task[None]] = []
@@ -156,7 +156,7 @@ async def run_open(
             if gate is not None:
                 gate.release()
         samples.append(sample)
-        on_done(sample)
+        plan.on_done(sample)
 
     for i, offset in enumerate(offsets):
         delay = offset - (time.perf_counter() - start)
@@ -164,22 +164,14 @@ async def run_open(
             await asyncio.sleep(delay)
         if gate is not None:
             await gate.acquire()  # waiting here is client-side queueing: it is counted from `offset`
-        tasks.append(asyncio.create_task(fire(requests[i % len(requests)], offset)))
+        tasks.append(asyncio.create_task(fire(plan.requests[i % len(plan.requests)], offset)))
     await asyncio.gather(*tasks)
     duration = time.perf_counter() - start
-    return CellRun(samples, duration, "requests" if len(offsets) >= max_requests else "seconds")
+    return CellRun(samples, duration, "requests" if len(offsets) >= plan.max_requests else "seconds")
 
 
-async def run_cell(
-    client: Client,
-    requests: Sequence[PreparedRequest],
-    point: LoadPoint,
-    max_requests: int,
-    max_seconds: float,
-    seed: int = 0,
-    on_done: Callable[[Sample], None] = lambda s: None,
-) -> CellRun:
+async def run_cell(client: Client, plan: CellPlan, point: LoadPoint) -> CellRun:
     if point.mode == "closed":
         assert point.concurrency is not None
-        return await run_closed(client, requests, point.concurrency, max_requests, max_seconds, on_done)
-    return await run_open(client, requests, point, max_requests, max_seconds, seed, on_done)
+        return await run_closed(client, plan, point.concurrency)
+    return await run_open(client, plan, point)

@@ -27,7 +27,7 @@ from lara_serve.clients.loadtest.inputs import InputError, InputGroup, Payload, 
 from lara_serve.clients.loadtest.protocol import PreparedRequest, Route, prepare, unsupported_reason
 from lara_serve.clients.loadtest.report import Cell, Target, skipped_cell, summarize
 from lara_serve.clients.loadtest.rigour import STABLE_WINDOWS, Stability, WindowStats, is_stable, merge, window_stats
-from lara_serve.clients.loadtest.runner import CellRun, Client, Sample, run_cell
+from lara_serve.clients.loadtest.runner import CellPlan, CellRun, Client, Sample, run_cell
 from lara_serve.clients.loadtest.schedule import LoadPoint
 
 MAX_REQUESTS_PER_CELL = 100_000
@@ -251,7 +251,8 @@ async def _one_cell(
 
         for window in range(windows):
             # Each window its own arrival schedule (seed + window): repeats of one schedule would agree trivially.
-            run = await run_cell(client, requests, point, plan.requests, plan.seconds, plan.seed + window, on_done)
+            cell_plan = CellPlan(requests, plan.requests, plan.seconds, plan.seed + window, on_done)
+            run = await run_cell(client, cell_plan, point)
             runs.append(run)
             stats.append(window_stats(run))
             if stability and is_stable(stats, stability.percentage):

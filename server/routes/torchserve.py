@@ -31,16 +31,8 @@ from lara_serve.server.errors import ErrorKind, ServeError, invalid, not_found
 from lara_serve.server.inputs import OCTET_STREAM, model_bytes, parse_content_type, to_utf8
 from lara_serve.server.models import ServedModel
 from lara_serve.server.preprocess import truncation_side
-from lara_serve.server.routes import triton
-from lara_serve.server.routes.common import (
-    AppState,
-    State,
-    predictions,
-    read_body,
-    require_api_key,
-    timing_headers,
-    track,
-)
+from lara_serve.server.routes import common, triton
+from lara_serve.server.routes.common import State, predictions, read_body, require_api_key, timing_headers, track
 from lara_serve.server.routes.tei import run
 from lara_serve.server.routes.v1 import _ERRORS, _form_files, _to_items
 from lara_serve.server.schemas import run_sized
@@ -62,7 +54,7 @@ _TS_DOC: dict[str, Any] = {
 _TRUNCATE = Query(description="Long texts: see :classify")
 
 
-def _model(state: AppState, name: str, version: str | None) -> ServedModel:
+def _model(state: common.AppState, name: str, version: str | None) -> ServedModel:
     """The model; a version equal as a number (TorchServe's archiver writes `1.0`) is the model's version."""
     model = state.model(name)
     if version is None or version == model.version:
@@ -253,7 +245,7 @@ async def unregister_model(name: str, request: Request, state: State, version: s
     return {"status": f'Model "{name}" unregistered'}
 
 
-def _registered(state: AppState, name: str, version: str | None) -> ServedModel:
+def _registered(state: common.AppState, name: str, version: str | None) -> ServedModel:
     if state.started and not state.draining and name not in state.registry.models:
         raise not_found(f"model {name!r} is not registered; registered: {sorted(state.registry.models)}")
     return _model(state, name, version)

@@ -14,7 +14,7 @@ import pytest
 
 from lara_serve.clients.loadtest.protocol import PreparedRequest
 from lara_serve.clients.loadtest.report import percentile
-from lara_serve.clients.loadtest.runner import run_closed, run_open
+from lara_serve.clients.loadtest.runner import CellPlan, run_closed, run_open
 from lara_serve.clients.loadtest.schedule import LoadPoint, arrival_offsets
 
 SERVICE_S = 0.03
@@ -48,7 +48,7 @@ def test_open_loop_counts_latency_from_the_schedule() -> None:
 
     async def go() -> list:
         async with slow_client() as client:
-            return (await run_open(client, REQUEST, point, max_requests=12, max_seconds=5.0)).samples
+            return (await run_open(client, CellPlan(REQUEST, max_requests=12, max_seconds=5.0), point)).samples
 
     samples = sorted(asyncio.run(go()), key=lambda s: s.scheduled)
     assert [s.scheduled for s in samples] == pytest.approx([i / 100.0 for i in range(12)])
@@ -67,7 +67,7 @@ def test_open_loop_without_cap_keeps_the_rate() -> None:
 
     async def go() -> list:
         async with slow_client() as client:
-            return (await run_open(client, REQUEST, LoadPoint.open(100.0, "constant"), 20, 5.0)).samples
+            return (await run_open(client, CellPlan(REQUEST, 20, 5.0), LoadPoint.open(100.0, "constant"))).samples
 
     samples = asyncio.run(go())
     # With one request in flight the 20th would go ~19 * 20 ms = 380 ms late; here none waits for another.
@@ -78,7 +78,7 @@ def test_open_loop_without_cap_keeps_the_rate() -> None:
 def test_closed_loop_bounds() -> None:
     async def go(requests: int, seconds: float) -> tuple[int, str]:
         async with slow_client(0.01) as client:
-            run = await run_closed(client, REQUEST, 4, requests, seconds)
+            run = await run_closed(client, CellPlan(REQUEST, requests, seconds), 4)
             return len(run.samples), run.stopped_by
 
     assert asyncio.run(go(10, 30.0)) == (10, "requests")

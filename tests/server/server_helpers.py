@@ -72,3 +72,18 @@ async def asgi_post(
              "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}  # fmt: skip
     await app(scope, receive, send)
     return sent
+
+
+async def post_while_a_large_body_stalls(
+    app: Any, client: httpx.AsyncClient, path: str, big: bytes
+) -> tuple[httpx.Response, httpx.Response]:
+    """With max_large_bodies=1: a large body arrives in part and stalls, holding the one slot, while `big`
+    and a small request are posted; then it goes on. Returns the answers to `big` and to the small one."""
+    stall = asyncio.Event()
+    holder = asyncio.create_task(asgi_post(app, path, big, stall, complete=False))
+    await asyncio.sleep(0.2)
+    refused = await client.post(path, content=big)
+    small = await client.post(path, json={"instances": ["hi"]})
+    stall.set()
+    await holder
+    return refused, small

@@ -4,14 +4,13 @@ as items, with a 429 that names max_queue_tokens."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 from collections.abc import Callable
 
 import httpx
 import pytest
-from server_helpers import TEXT, asgi_post
+from server_helpers import TEXT, post_while_a_large_body_stalls
 from test_batcher_budget import Recorder, make_busy
 
 from lara_serve.server import Settings, create_app
@@ -49,13 +48,7 @@ async def test_a_text_just_under_one_mib_waits_for_a_slot(make_settings: Callabl
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            stall = asyncio.Event()
-            holder = asyncio.create_task(asgi_post(app, f"/v1/models/{TEXT}:predict", big, stall, complete=False))
-            await asyncio.sleep(0.2)
-            refused = await client.post(f"/v1/models/{TEXT}:predict", content=big)
-            small = await client.post(f"/v1/models/{TEXT}:predict", json={"instances": ["hi"]})
-            stall.set()
-            await holder
+            refused, small = await post_while_a_large_body_stalls(app, client, f"/v1/models/{TEXT}:predict", big)
     assert refused.status_code == 503 and "max_large_bodies" in refused.json()["error"]
     assert small.status_code == 200
 

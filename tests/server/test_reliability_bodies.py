@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
-from server_helpers import IMAGE, MAX_LENGTH, TEXT, asgi_post, png_bytes, serve
+from server_helpers import IMAGE, MAX_LENGTH, TEXT, asgi_post, png_bytes, post_while_a_large_body_stalls, serve
 
 import lara_serve.server.models
 import lara_serve.server.routes.common
@@ -93,14 +93,7 @@ async def test_large_bodies_beyond_the_cap_wait_then_get_503(make_settings: Call
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             assert (await client.post(f"/v1/models/{TEXT}:predict", json={"instances": ["warm"]})).status_code == 200
-            stall = asyncio.Event()
-            # A large body arrives in part and stalls: it holds the one slot.
-            holder = asyncio.create_task(asgi_post(app, f"/v1/models/{TEXT}:predict", big, stall, complete=False))
-            await asyncio.sleep(0.2)
-            refused = await client.post(f"/v1/models/{TEXT}:predict", content=big)
-            small = await client.post(f"/v1/models/{TEXT}:predict", json={"instances": ["hi"]})
-            stall.set()
-            await holder
+            refused, small = await post_while_a_large_body_stalls(app, client, f"/v1/models/{TEXT}:predict", big)
             after = await client.post(f"/v1/models/{TEXT}:predict", content=big)
             metrics = (await client.get("/metrics")).text
     assert refused.status_code == 503 and "max_large_bodies" in refused.json()["error"]
