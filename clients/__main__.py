@@ -13,7 +13,7 @@ import json
 import mimetypes
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TextIO
@@ -179,33 +179,51 @@ def _transport_message(url: str, exc: httpx.TransportError) -> str:
 def classify_files(client: LaraClient, args: argparse.Namespace, out: TextIO) -> int:
     """One request per file; a failure is reported for that file and the others go on."""
     task = client.model_info(args.model)["task"]  # unknown model or no server: fails once, for all files
+
+    def classify(path: Path) -> Prediction:
+        data = path.read_bytes()
+        guessed = mimetypes.guess_type(path.name)[0] or ""
+        if task == "text" and not guessed.startswith("image/"):
+            content_type = f"text/plain; charset={args.charset}"
+        elif guessed.startswith("image/"):
+            content_type = guessed  # to a text model: the server's 415 says what it takes
+        else:
+            content_type = "application/octet-stream"  # the server sniffs what it is
+        return client.classify(args.model, data, content_type, truncate=args.truncate or False, top_k=args.top_k)
+
+    return _each_file(
+        args, out, classify, lambda path, p: _report(out, path, p, args.json),
+        unreadable=lambda exc: f"cannot read: {getattr(exc, 'strerror', None) or exc}",
+        hint_413=" (use --truncate to cut long texts)",
+    )  # fmt: skip
+
+
+def _each_file(
+    args: argparse.Namespace,
+    out: TextIO,
+    run: Callable[[Path], Any],
+    report: Callable[[Path, Any], None],
+    unreadable: Callable[[Exception], str],
+    hint_413: str = "",
+) -> int:
+    """`run` on each of args.files, `report` its answer; a failure is reported for that file and the others
+    go on. 1 if any failed."""
     failed = 0
     for path in args.files:
         try:
-            data = path.read_bytes()
-            guessed = mimetypes.guess_type(path.name)[0] or ""
-            if task == "text" and not guessed.startswith("image/"):
-                content_type = f"text/plain; charset={args.charset}"
-            elif guessed.startswith("image/"):
-                content_type = guessed  # to a text model: the server's 415 says what it takes
-            else:
-                content_type = "application/octet-stream"  # the server sniffs what it is
-            prediction = client.classify(args.model, data, content_type, truncate=args.truncate or False,
-                                         top_k=args.top_k)  # fmt: skip
+            answer = run(path)
         except LaraError as exc:
             failed += 1
-            hint = (
-                " (use --truncate to cut long texts)" if exc.status == 413 and "--truncate" not in exc.message else ""
-            )
+            hint = hint_413 if exc.status == 413 and "--truncate" not in exc.message else ""
             _report_error(out, path, f"HTTP {exc.status}: {exc.message}{hint}", exc.status, args.json)
-        except OSError as exc:
+        except (OSError, UnicodeDecodeError) as exc:
             failed += 1
-            _report_error(out, path, f"cannot read: {exc.strerror or exc}", None, args.json)
+            _report_error(out, path, unreadable(exc), None, args.json)
         except httpx.TransportError as exc:
             failed += 1
             _report_error(out, path, _transport_message(args.url, exc), None, args.json)
         else:
-            _report(out, path, prediction, args.json)
+            report(path, answer)
     return 1 if failed else 0
 
 
@@ -228,23 +246,16 @@ def _report(out: TextIO, path: Path, prediction: Prediction, as_json: bool) -> N
 
 def explain_files(client: LaraClient, args: argparse.Namespace, out: TextIO) -> int:
     """One :explain request per file; a failure is reported for that file and the others go on."""
-    failed = 0
-    for path in args.files:
-        try:
-            text = path.read_bytes().decode(args.charset)
-            (explanation,) = client.explain(args.model, [text], args.truncate or False, args.max_passages)
-        except LaraError as exc:
-            failed += 1
-            _report_error(out, path, f"HTTP {exc.status}: {exc.message}", exc.status, args.json)
-        except (OSError, UnicodeDecodeError) as exc:
-            failed += 1
-            _report_error(out, path, f"cannot read as {args.charset}: {exc}", None, args.json)
-        except httpx.TransportError as exc:
-            failed += 1
-            _report_error(out, path, _transport_message(args.url, exc), None, args.json)
-        else:
-            _report_explanation(out, path, explanation, args.top, args.json)
-    return 1 if failed else 0
+
+    def explain(path: Path) -> Explanation:
+        text = path.read_bytes().decode(args.charset)
+        (explanation,) = client.explain(args.model, [text], args.truncate or False, args.max_passages)
+        return explanation
+
+    return _each_file(
+        args, out, explain, lambda path, e: _report_explanation(out, path, e, args.top, args.json),
+        unreadable=lambda exc: f"cannot read as {args.charset}: {exc}",
+    )  # fmt: skip
 
 
 def _report_explanation(out: TextIO, path: Path, explanation: Explanation, top: int, as_json: bool) -> None:
