@@ -177,8 +177,11 @@ def train_stage(ctx: dict[str, Any], stage: int, end_s: float, max_steps: int, o
             state["elapsed_s"], mark = state["elapsed_s"] + now - mark, now
     bar.close()
     ctx["stage_steps"][STAGES[stage]] = state["step"]
-    state["stage"], state["step"] = stage + 1, 0
-    _save(out, student, None, state)
+    if stage + 1 < len(STAGES):
+        state["stage"], state["step"] = stage + 1, 0
+        _save(out, student, None, state)
+    else:  # the last stage stays open: --resume with a larger budget (or step cap) trains on where it stopped
+        _save(out, student, opt, state)
     _log(out, {"event": "stage done", "stage": STAGES[stage], "elapsed_s": round(state["elapsed_s"], 1)})
 
 

@@ -125,6 +125,22 @@ def test_a_resumed_run_equals_an_uninterrupted_one(
     assert any(not torch.equal(v, torch.zeros_like(v)) for k, v in a.items() if "lora_b" in k)  # it trained
 
 
+def test_a_finished_run_extended_by_resume_equals_a_longer_run(tmp_path: Path) -> None:
+    teacher_dir, texts = tiny_bert_dir(tmp_path / "tiny"), _text_dir(tmp_path / "texts")
+    longer = _cli(tmp_path / "longer", teacher_dir, texts)
+    longer[longer.index("--stage2-steps") + 1] = "6"
+    transfer.main(longer)
+    transfer.main(_cli(tmp_path / "ext", teacher_dir, texts))
+    extended = _cli(tmp_path / "ext", teacher_dir, texts)
+    extended[extended.index("--stage2-steps") + 1] = "6"
+    summary = transfer.main([*extended, "--resume"])
+    assert summary["steps"] == {"embedding": 6}  # only the open last stage ran in the resumed session
+    a = load_file(str(tmp_path / "longer" / "converted.safetensors"))
+    b = load_file(str(tmp_path / "ext" / "converted.safetensors"))
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], atol=0, rtol=0, msg=k)
+
+
 def test_training_text_holds_no_test_or_heldout_text() -> None:
     try:
         with warnings.catch_warnings():  # an optional source (SpamAssassin) may be missing: that is fine here
