@@ -56,7 +56,7 @@ class BackendBase:
         return self.run_outputs(inputs).logits
 
     def run_outputs(self, inputs: dict[str, np.ndarray]) -> ModelOutputs:
-        raise NotImplementedError
+        raise NotImplementedError  # each backend (onnx_runtime, pytorch) runs its own session or module
 
     def _checked(self, logits: np.ndarray, ood_score: np.ndarray | None, batch: int) -> ModelOutputs:
         return check_outputs(logits, ood_score, batch, self._config)
