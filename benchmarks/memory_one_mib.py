@@ -1,17 +1,19 @@
 """Peak resident memory of the lean install (onnxruntime, no torch) for one long text document.
 
-    python -m benchmarks.memory_one_mib [--model lara-text-news] [--bytes 1048576] [--variants before,after,server]
+    python -m benchmarks.memory_one_mib [--model lara-text-news] [--bytes 1048576] [--variants sliced,server]
 
-Each variant runs in a fresh process (one at a time: a 1 MiB document through onnxruntime may take 8 GB):
+Each variant runs in a fresh process (one at a time: a 1 MiB document through the whole graph may take 8 GB):
 load the model's onnxruntime backend as the server does (no torch hand-off: `ort_long_via_torch` has no
 torch to hand off to in the image), run one document of --bytes bytes (examples/long-document.txt
-repeated), then a short one. `before`: one session with onnxruntime's arena (what served every length
-before); `after`: documents over 65,536 tokens on a session without arena or memory patterns, and the
-heap trimmed after them (lara_serve.server.backends.onnx_runtime). Per variant: RSS when loaded, peak
-RSS (ru_maxrss), RSS after the long document and after the short one, seconds of the long one.
-`server`: the whole server as the manifests run it (every shipped model, SERVER_ENV), one document through
-`:classify`, its resident memory sampled every 20 ms: the figure the pod's memory limit is set from.
-Writes benchmarks/results/memory_one_mib.json.
+repeated), then a short one. `before`: the whole graph on one session with onnxruntime's arena (what
+served every length first); `after`: the whole graph, documents over 65,536 tokens on a session without
+arena or memory patterns, the heap trimmed after them; `sliced`: documents over 65,536 tokens on the
+model's sliced program (`1/sliced/`, lara_serve.sliced_program), what the server runs now. Per
+variant: RSS when loaded, peak RSS (ru_maxrss), RSS after the long document and after the short one,
+seconds of the long one. `server`: the whole server as the manifests run it (every shipped model,
+SERVER_ENV), one document through `:classify`, its resident memory sampled every 20 ms: the figure the
+pod's memory limit is set from. Writes benchmarks/results/memory_one_mib.json; variants not run this
+time are kept from the file's previous content (each variant records the command that measured it).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "memory_one_mib.json"
-VARIANTS = ("before", "after", "server")
+VARIANTS = ("before", "after", "sliced", "server")
+CHILD_VARIANTS = VARIANTS[:3]
 
 
 def rss_mib() -> float:
@@ -45,7 +48,9 @@ def child(model: str, size: int, variant: str) -> dict[str, float]:
 
     model_dir = DEFAULT_MODEL_REPOSITORY / model
     config = served_config(model, model_dir)
-    backend = OnnxRuntimeBackend(model_dir, config, "cpu", long_via_torch=False, lean_long=variant == "after")
+    backend = OnnxRuntimeBackend(
+        model_dir, config, "cpu", long_via_torch=False, lean_long=variant != "before", sliced=variant == "sliced"
+    )
     text = (ROOT / "examples" / "long-document.txt").read_bytes()
     document = (text * (size // len(text) + 1))[:size]
     short = text_item(text[:2048], config.preprocessing, "head")
@@ -83,9 +88,18 @@ def _children_rss_mib() -> float:
     return total
 
 
+def _text_models() -> list[str]:
+    from lara_serve.server.settings import DEFAULT_MODEL_REPOSITORY
+
+    configs = sorted(DEFAULT_MODEL_REPOSITORY.glob("*/config.json"))
+    return [p.parent.name for p in configs if json.loads(p.read_text()).get("task") == "text"]
+
+
 def server(size: int, model: str) -> dict[str, float]:
-    """The whole server (python -m lara_serve.server): idle RSS, peak while one document of `size` bytes
-    is classified (sampled every 20 ms), RSS after it and after a short one."""
+    """The whole server (python -m lara_serve.server): idle RSS; RSS once every text model has run one
+    65,536-byte document on its whole graph (the largest batch its arena session sees at the manifests'
+    65,536-token budget: the arenas keep that size); peak while one document of `size` bytes is then
+    classified (sampled every 20 ms): the pod's worst case; RSS after it and after a short one."""
     import threading
 
     import httpx
@@ -97,7 +111,11 @@ def server(size: int, model: str) -> dict[str, float]:
     headers = {"Content-Type": "text/plain"}
     with server_process(["--log-level", "warning"], env=SERVER_ENV, timeout_s=180) as url:
         idle = _children_rss_mib()
-        peak, done = [idle], threading.Event()
+        for name in _text_models():  # each arena at its largest: the worst case the pod's limit must hold
+            r = httpx.post(f"{url}/v1/models/{name}:classify", content=document[:65536], headers=headers, timeout=300)
+            r.raise_for_status()
+        arenas = _children_rss_mib()
+        peak, done = [arenas], threading.Event()
 
         def sample() -> None:
             while not done.wait(0.02):
@@ -115,6 +133,7 @@ def server(size: int, model: str) -> dict[str, float]:
         httpx.post(f"{url}/v1/models/{model}:classify", content=text[:2048], headers=headers, timeout=60)
         return {
             "rss_idle_mib": round(idle, 1),
+            "rss_arenas_mib": round(arenas, 1),
             "peak_rss_mib": round(max(peak), 1),
             "rss_after_long_mib": round(after_long, 1),
             "rss_after_short_mib": round(_children_rss_mib(), 1),
@@ -126,26 +145,31 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="lara-text-news")
     parser.add_argument("--bytes", type=int, default=1 << 20)
-    parser.add_argument("--variants", default=",".join(VARIANTS))
-    parser.add_argument("--child", choices=VARIANTS[:2], help=argparse.SUPPRESS)
+    parser.add_argument("--variants", default="sliced,server")
+    parser.add_argument("--child", choices=CHILD_VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args.model, args.bytes, args.child)))
         return
-    results = {}
+    command = " ".join(["python -m benchmarks.memory_one_mib", *sys.argv[1:]])
+    previous = json.loads(args.out.read_text()) if args.out.is_file() else {}
+    same = previous.get("model") == args.model and previous.get("bytes") == args.bytes
+    results = dict(previous.get("variants", {})) if same else {}
     for variant in args.variants.split(","):  # sequentially, never two at once
+        if variant not in VARIANTS:
+            parser.error(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
         if variant == "server":
-            results[variant] = server(args.bytes, args.model)
+            results[variant] = {**server(args.bytes, args.model), "command": command}
             print(variant, results[variant], flush=True)
             continue
         cmd = [sys.executable, "-m", "benchmarks.memory_one_mib", "--model", args.model, "--bytes", str(args.bytes),
                "--child", variant]  # fmt: skip
         done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=True, timeout=1800)
-        results[variant] = json.loads(done.stdout.strip().splitlines()[-1])
+        results[variant] = {**json.loads(done.stdout.strip().splitlines()[-1]), "command": command}
         print(variant, results[variant], flush=True)
-    command = " ".join(["python -m benchmarks.memory_one_mib", *sys.argv[1:]])
-    report = {"model": args.model, "bytes": args.bytes, "command": command, "variants": results}
+    report = {**(previous if same else {}), "model": args.model, "bytes": args.bytes, "variants": results}
+    report.pop("command", None)  # each variant carries its own
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
 

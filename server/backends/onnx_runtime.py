@@ -10,9 +10,14 @@ slices): onnxruntime holds ~7.6 KB per token of such a document where ~2.7 KB is
 8 GB at 1 MiB), the sliced forward ~1.7 KB. Each row takes its path by its own length, never by its batch's,
 so a document's answer does not depend on what it was batched with.
 
-Without torch (the image), documents over LONG_TOKENS run on a second session without onnxruntime's arena
-and memory patterns, one at a time over all models, and the heap is trimmed after each: the process returns
-to its idle size instead of keeping the peak (7.3 GB at 1 MiB; docs/deploy.md, benchmarks/memory_one_mib.py).
+A model that ships its sliced program (`<version>/sliced/`, lara_serve.model_export.export.sliced; both
+shipped text models do) runs such documents on it instead, on the CPU, with or without torch: small graphs
+over slices of rows, the residual stream (512 B per token) the only full-length tensor: 810 MiB peak for the
+backend at 1 MiB against 7.5 GB (lara_serve.sliced_program, benchmarks/memory_one_mib.py).
+
+Without either (a model without sliced/, no torch), documents over LONG_TOKENS run on a second session
+without onnxruntime's arena and memory patterns. Every long document runs one at a time over all models,
+and the heap is trimmed after each: the process returns to its idle size instead of keeping the peak.
 """
 
 from __future__ import annotations
@@ -36,7 +41,8 @@ from lara_serve.server.backends.base import (
     OrtAttention,
 )
 from lara_serve.server.backends.pytorch import HUB_VERSION, file_digests
-from lara_serve.server.repository import ONNX_FILE, OOD_OUTPUT, TORCH_FILE, ModelConfig
+from lara_serve.server.repository import ONNX_FILE, OOD_OUTPUT, TORCH_FILE, ModelConfig, confined
+from lara_serve.sliced_program import FOLDER, SlicedError, SlicedProgram, ort_runners, read_manifest
 
 # lara_serve.model_export.models.long_forward.LONG_FROM: from here on the torch forward runs on slices (kept equal by a test).
 LONG_TOKENS = 65536
@@ -79,6 +85,7 @@ class OnnxRuntimeBackend(BackendBase):
         spinning: bool = False,
         long_via_torch: bool = True,
         lean_long: bool = True,
+        sliced: bool = True,
     ) -> None:
         reasons = not_supported_reasons(model_dir, config, device)
         if reasons:
@@ -87,13 +94,13 @@ class OnnxRuntimeBackend(BackendBase):
 
         super().__init__(model_dir, config, device)
 
-        def session(arena: bool) -> Any:
+        def session(arena: bool, at: Path | None = None) -> Any:
             options, kernel = _session_options(ort, device, num_threads, attention, spinning)
             if not arena:
                 options.enable_cpu_mem_arena = False
                 options.enable_mem_pattern = False
             self.attention_kernel = kernel
-            return ort.InferenceSession(str(path), sess_options=options, providers=providers)
+            return ort.InferenceSession(str(at or path), sess_options=options, providers=providers)
 
         providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
         path = self.artifact(ONNX_FILE)
@@ -117,15 +124,42 @@ class OnnxRuntimeBackend(BackendBase):
                     f"config.json declares output {OOD_OUTPUT!r} but {path} has outputs {graph_outputs}"
                 )
             self._output_names.append(OOD_OUTPUT)
-        handoff = long_via_torch and device == "cpu" and config.task == "text" and "attention_mask" in declared
+        text_cpu = device == "cpu" and config.task == "text" and "attention_mask" in declared
+        # Its graphs' temporaries are one slice's (~10 MB): no arena to keep them after the document.
+        self._sliced = _sliced_program(path, lambda p: session(False, p)) if text_cpu and sliced else None
+        handoff = long_via_torch and text_cpu and self._sliced is None
         self._long = _TorchForLong(model_dir, config, num_threads) if handoff else None
 
     def run_outputs(self, inputs: dict[str, np.ndarray]) -> ModelOutputs:
-        if self._long is not None:
+        if self._sliced is not None or self._long is not None:
             lengths = inputs["attention_mask"].sum(1)
-            if (lengths > LONG_TOKENS).any() and (torch_backend := self._long.get()) is not None:
-                return self._split(inputs, lengths, torch_backend)
+            if (lengths > LONG_TOKENS).any() and (run_long := self._long_runner()) is not None:
+                return self._split(inputs, lengths, run_long)
         return self._run_ort(inputs)
+
+    def _long_runner(self) -> Callable[[dict[str, np.ndarray]], ModelOutputs] | None:
+        """What runs rows over LONG_TOKENS: the sliced program, else the torch forward, else None (the lean session)."""
+        if self._sliced is not None:
+            return self._run_sliced
+        torch_backend = self._long.get() if self._long is not None else None
+        return None if torch_backend is None else torch_backend.run_outputs
+
+    def _run_sliced(self, inputs: dict[str, np.ndarray]) -> ModelOutputs:
+        """Each row alone over its own valid ids, one long document at a time in the process."""
+        assert self._sliced is not None
+        ids, mask = inputs["input_ids"], inputs["attention_mask"]
+        logits = np.zeros((len(ids), len(self._config.labels)), dtype=np.float32)
+        ood = np.zeros(len(ids), dtype=np.float32) if self._config.has_ood_output else None
+        with _LONG_AT_ONCE:
+            try:
+                for i in range(len(ids)):
+                    out = self._sliced.run(ids[i][mask[i] > 0])
+                    logits[i] = out["logits"][0]
+                    if ood is not None:
+                        ood[i] = out["ood_score"][0]
+            finally:
+                trim_freed_memory()  # the residual stream is freed by now; give the heap back
+        return self._checked(logits, ood, len(ids))
 
     def _run_ort(self, inputs: dict[str, np.ndarray]) -> ModelOutputs:
         batch, width = next(iter(inputs.values())).shape[:2]
@@ -139,13 +173,18 @@ class OnnxRuntimeBackend(BackendBase):
                     trim_freed_memory()
         return self._checked(outs[0], outs[1] if len(outs) > 1 else None, batch)
 
-    def _split(self, inputs: dict[str, np.ndarray], lengths: np.ndarray, torch_backend: Backend) -> ModelOutputs:
-        """Rows longer than LONG_TOKENS through torch, the rest through onnxruntime, each group cut to its own
-        longest row (padding does not change a row's answer), reassembled in the batch's order."""
+    def _split(
+        self,
+        inputs: dict[str, np.ndarray],
+        lengths: np.ndarray,
+        run_long: Callable[[dict[str, np.ndarray]], ModelOutputs],
+    ) -> ModelOutputs:
+        """Rows longer than LONG_TOKENS through `run_long`, the rest through onnxruntime, each group cut to its
+        own longest row (padding does not change a row's answer), reassembled in the batch's order."""
         long = lengths > LONG_TOKENS
         logits = np.zeros((len(lengths), len(self._config.labels)), dtype=np.float32)
         ood = np.zeros(len(lengths), dtype=np.float32) if self._config.has_ood_output else None
-        for rows, run in ((np.flatnonzero(long), torch_backend.run_outputs), (np.flatnonzero(~long), self._run_ort)):
+        for rows, run in ((np.flatnonzero(long), run_long), (np.flatnonzero(~long), self._run_ort)):
             if not len(rows):
                 continue
             width = int(lengths[rows].max())
@@ -157,6 +196,7 @@ class OnnxRuntimeBackend(BackendBase):
 
     def close(self) -> None:
         del self.session
+        self._sliced = None
         if self._lean_session is not None:
             self._lean_session.value = None
         if self._long is not None:
@@ -223,6 +263,28 @@ class _TorchForLong:
     def close(self) -> None:
         if self._backend is not None:
             self._backend.close()
+
+
+def _sliced_program(onnx_path: Path, make_session: Callable[[Path], Any]) -> SlicedProgram | None:
+    """The sliced program beside `onnx_path` (its sessions made now, at load), or None: no folder, or one
+    that cannot serve this model.onnx (a warning says why; the whole graph then serves long documents)."""
+    folder = onnx_path.parent / FOLDER
+    if not folder.is_dir():
+        return None
+    try:
+        spec = read_manifest(confined(onnx_path.parents[2], folder))
+        wanted = spec.get("model_onnx_sha256")
+        if wanted != file_digests([onnx_path])[onnx_path]:
+            raise SlicedError(
+                f"it was exported for another model.onnx (sha256 {wanted}); re-export it (python -m lara_serve.model_export.export.sliced)"
+            )
+        for step in spec["passes"]:
+            confined(onnx_path.parents[2], folder / step["file"])
+        return SlicedProgram(spec, ort_runners(folder, spec, make_session))
+    except Exception as exc:  # noqa: BLE001 - any unusable folder: the whole graph still serves
+        warnings.warn(f"{folder} is not used ({type(exc).__name__}: {exc}); documents over {LONG_TOKENS} tokens "
+                      "run on the whole graph (several GB at 1 MiB)", stacklevel=2)  # fmt: skip
+        return None
 
 
 def _same_file(path: Path, make: Callable[[], Any], loaded: Any) -> Callable[[], Any]:

@@ -199,3 +199,60 @@ def test_device_cuda_without_gpu_refuses_to_start(image: str, docker: dict[str, 
     assert len(lines) == 1 and "cuda" in lines[0].lower(), output[-2000:]
     with pytest.raises(httpx.TransportError):
         httpx.get(f"http://127.0.0.1:{port}/v2/health/live", timeout=2)  # never served
+
+
+ONE_MIB = 1 << 20
+POD_LIMIT = "2g"  # deploy/k8s/deployment.yaml and deploy/kserve/inferenceservice.yaml: memory 2Gi
+# The manifests' settings that bear on a long document (deploy/k8s/configmap.yaml).
+MANIFEST_ENV = {"LARA_NUM_THREADS": "2", "LARA_MAX_BATCH_TOKENS": "65536", "LARA_REQUEST_TIMEOUT_S": "180.0"}
+
+
+# The container's own memory cgroup as it sees it: cgroup v2 files, else cgroup v1's (this machine: v1).
+LIMIT_FILES = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+PEAK_FILES = ("/sys/fs/cgroup/memory.peak", "/sys/fs/cgroup/memory/memory.max_usage_in_bytes")
+
+
+def cgroup_memory(docker: dict[str, str], name: str, files: tuple[str, ...]) -> int | None:
+    """The first readable of the container's cgroup memory `files`, in bytes; None when none is."""
+    for file in files:
+        done = run(["docker", "exec", name, "cat", file], docker, 30, check=False)
+        value = done.stdout.strip()
+        if done.returncode == 0 and value.isdecimal():
+            return int(value)
+    return None
+
+
+@pytest.mark.timeout(1200)
+def test_one_mib_document_within_a_2_gib_limit(image: str, docker: dict[str, str]) -> None:
+    """Issue 49: the image under the manifests' 2 GiB limit answers a max-length (1 MiB) text document with
+    200 on its sliced program, the container is not OOM-killed, and the server serves on afterwards."""
+    port, name = free_port(), f"lara-mib-{os.getpid()}"
+    url = f"http://127.0.0.1:{port}"
+    env = [arg for key, value in MANIFEST_ENV.items() for arg in ("-e", f"{key}={value}")]
+    limits = ["--memory", POD_LIMIT, "--memory-swap", POD_LIMIT]  # no swap to spill into
+    run([*docker_run(docker, port, "-d", "--name", name, *limits, *env), image], docker, 60)
+    text = (ROOT / "examples" / "long-document.txt").read_bytes()
+    document = (text * (ONE_MIB // len(text) + 1))[:ONE_MIB]
+    headers = {"Content-Type": "text/plain; charset=utf-8"}
+    try:
+        wait_ready(docker, name, url, timeout_s=180)
+        limit = cgroup_memory(docker, name, LIMIT_FILES)
+        if limit is None:
+            need(f"the container's memory limit cannot be read here (none of {LIMIT_FILES})")
+        assert limit == 2 * 2**30, limit
+        model = "lara-text-news"
+        prefix = httpx.post(f"{url}/v1/models/{model}:classify", content=document[:65536], headers=headers, timeout=120)
+        assert prefix.status_code == 200, prefix.text  # 64 KiB: the whole graph, its arena at its largest
+        whole = httpx.post(f"{url}/v1/models/{model}:classify", content=document, headers=headers, timeout=600)
+        assert whole.status_code == 200, whole.text[:500]
+        assert whole.json()["label"] == prefix.json()["label"]  # the same text repeated: the same topic
+        peak = cgroup_memory(docker, name, PEAK_FILES)
+        print(f"1 MiB document: {whole.elapsed.total_seconds():.1f} s, container memory.peak {peak} bytes")
+        assert httpx.get(f"{url}/v2/health/ready", timeout=10).status_code == 200
+        short = httpx.post(f"{url}/v1/models/{model}:classify", content=text[:2048], headers=headers, timeout=60)
+        assert short.status_code == 200, short.text
+    finally:
+        state = json.loads(run(["docker", "inspect", "-f", "{{json .State}}", name], docker, 30).stdout)
+        logs = run(["docker", "logs", name], docker, 30, check=False)
+        run(["docker", "rm", "-f", name], docker, 60, check=False)
+    assert state["Running"] and not state["OOMKilled"], (state, (logs.stdout + logs.stderr)[-2000:])
