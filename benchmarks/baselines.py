@@ -19,20 +19,20 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "baselines.json"
 RUNS = ROOT / "runs" / "baselines"
 
+Group = tuple[str, list[str], list[str], str]
+
+
+def _image_subset(images: int) -> Group:
+    """The quick image groups: one epoch over the first `images` train images, tested on 1,000 t10k images."""
+    budget = ["--limit", str(images), "--epochs", "1", "--batch-size", "64", "--eval-limit", "1000"]
+    text = f"1 epoch over {images:,} train images (batch 64), test = first 1,000 t10k images"
+    return "lara-vit-fashion", ["lara", "softmax", "performer", "ra"], budget, text
+
+
 # name: (registered model, attention kinds, train CLI args describing the budget, budget text)
-GROUPS: dict[str, tuple[str, list[str], list[str], str]] = {
-    "image": (
-        "lara-vit-fashion",
-        ["lara", "softmax", "performer", "ra"],
-        ["--limit", "3000", "--epochs", "1", "--batch-size", "64", "--eval-limit", "1000"],
-        "1 epoch over 3,000 train images (batch 64), test = first 1,000 t10k images",
-    ),
-    "image-10k": (
-        "lara-vit-fashion",
-        ["lara", "softmax", "performer", "ra"],
-        ["--limit", "10000", "--epochs", "1", "--batch-size", "64", "--eval-limit", "1000"],
-        "1 epoch over 10,000 train images (batch 64), test = first 1,000 t10k images",
-    ),
+GROUPS: dict[str, Group] = {
+    "image": _image_subset(3000),
+    "image-10k": _image_subset(10000),
     # The comparison that separates the methods: the shipped architecture, 5 epochs over the full
     # training split (58,000 images), tested on all of t10k; the per-epoch history gives the wall clock.
     "image-5ep": (

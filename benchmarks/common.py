@@ -87,6 +87,15 @@ def write_json(name: str, payload: dict[str, Any]) -> Path:
     return path
 
 
+def save_figure(fig: Any, path: Path, dpi: int = 110) -> None:
+    """Lay out, write and close a matplotlib figure: a closed figure gives its memory back."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+
+
 def markdown_table(headers: list[str], rows: list[list[Any]]) -> str:
     def fmt(x: Any) -> str:
         if x is None:

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.common import RESULTS, environment, markdown_table, write_json
+from benchmarks.common import RESULTS, environment, markdown_table, save_figure, write_json
 from lara_serve.model_export.models.hub import load_config, load_pretrained
 from lara_serve.model_export.training.distill import first_bytes, heads_too, tfidf_classifier
 from lara_serve.model_export.training.evaluate import resolve_model_dir
@@ -238,9 +238,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     ax.set_title("Accuracy vs document length (dotted: whole documents)")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -41,6 +41,7 @@ def rss_mib() -> float:
 
 def child(model: str, size: int, variant: str) -> dict[str, float]:
     """In the measured process: the backend as the server builds it, one long document, one short."""
+    from lara_serve.server.backends import OrtOptions
     from lara_serve.server.backends.onnx_runtime import OnnxRuntimeBackend
     from lara_serve.server.preprocess import collate, text_item
     from lara_serve.server.repository import served_config
@@ -49,7 +50,12 @@ def child(model: str, size: int, variant: str) -> dict[str, float]:
     model_dir = DEFAULT_MODEL_REPOSITORY / model
     config = served_config(model, model_dir)
     backend = OnnxRuntimeBackend(
-        model_dir, config, "cpu", long_via_torch=False, lean_long=variant != "before", sliced=variant == "sliced"
+        model_dir,
+        config,
+        "cpu",
+        ort_options=OrtOptions(long_via_torch=False),
+        lean_long=variant != "before",
+        sliced=variant == "sliced",
     )
     text = (ROOT / "examples" / "long-document.txt").read_bytes()
     document = (text * (size // len(text) + 1))[:size]

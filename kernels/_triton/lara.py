@@ -61,9 +61,11 @@ def _load_samples(QL, KL, NOISE, lm_off, noise_off, c_idx, d_idx, C, D: tl.const
 
 
 @triton.jit
-def _batch_head(pid_bh, H):
-    """(b, h) of a program over the B*H axis; b in int64, as b * stride may pass 2^31 for large batches."""
-    return (pid_bh // H).to(tl.int64), pid_bh % H
+def _batch_head(AXIS: tl.constexpr, H):
+    """This program's index on the grid axis AXIS, which runs over B*H, and its (b, h); b in int64, as
+    b * stride may pass 2^31 for large batches."""
+    pid_bh = tl.program_id(AXIS)
+    return pid_bh, (pid_bh // H).to(tl.int64), pid_bh % H
 
 
 @triton.jit
@@ -91,8 +93,7 @@ def _lara_keys_kernel(
 ):  # fmt: skip
     pid_s = tl.program_id(0)
     pid_c = tl.program_id(1)
-    pid_bh = tl.program_id(2)
-    b, h = _batch_head(pid_bh, H)
+    pid_bh, b, h = _batch_head(2, H)
     c_idx = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     d_idx = tl.arange(0, D)
     op_dtype = K.dtype.element_ty
@@ -165,8 +166,7 @@ def _lara_combine_kernel(
     D: tl.constexpr, BLOCK_C: tl.constexpr, HAS_NOISE: tl.constexpr,
 ):  # fmt: skip
     pid_c = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b, h = _batch_head(pid_bh, H)
+    pid_bh, b, h = _batch_head(1, H)
     c_idx = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     d_idx = tl.arange(0, D)
     cm = c_idx < C
@@ -235,8 +235,7 @@ def _lara_queries_kernel(
     OUT_PRECISION: tl.constexpr, ALPHA_MIN: tl.constexpr,
 ):  # fmt: skip
     pid_n = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b, h = _batch_head(pid_bh, H)
+    pid_bh, b, h = _batch_head(1, H)
     n_idx = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     d_idx = tl.arange(0, D)
     valid = _valid_rows(MASK, b, n_idx, N, HAS_MASK)

@@ -14,9 +14,10 @@ import torch
 from torch import Tensor, nn
 
 from lara_serve.kernels.reference import lara_balance_heuristic, lara_mis_weights, lara_samples, log_features
+from lara_serve.model_export.models.long_forward import embed_rows
 from lara_serve.model_export.models.ood import ServingModel
 from lara_serve.model_export.models.ood_input import VOCAB, ByteBigramNLL
-from lara_serve.model_export.models.text_embeddings import fold_case, sinusoidal
+from lara_serve.model_export.models.text_embeddings import fold_case
 
 # The running maxima start here rather than at -inf: exp(MIN - finite) is 0, while -inf - (-inf) is NaN.
 MIN = float(torch.finfo(torch.float32).min)
@@ -36,17 +37,7 @@ class EmbedStage(nn.Module):
     ) -> tuple[Tensor, ...]:
         text = self.text
         folded = fold_case(ids) if text.cfg.case_fold else ids
-        x = text.embed(folded)  # [1, w, D]
-        if text.ngrams is not None:
-            x = x + text.ngrams(folded)
-        if text.words is not None:
-            x = x + text.words(folded)
-        if text.pos_conv is not None:
-            x = text.pos_conv(x, torch.ones_like(folded, dtype=torch.bool))
-        else:
-            pos = offset + torch.arange(ids.shape[1])[None]  # [1, w]: one unpadded document
-            x = x + sinusoidal(pos, text.cfg.dim) * 0.1
-        x = x.index_select(1, rows)  # [1, m, D]
+        x = embed_rows(text, folded, offset).index_select(1, rows)  # [1, m, D]
         if nll is None or pairs is None:
             return (x,)
         return (x, *self._pairs(ids, rows, offset, nll, pairs))

@@ -73,8 +73,9 @@ def _halo(model: Any) -> tuple[int, int]:
     return left + conv, right + conv
 
 
-def _embed(model: Any, ids: Tensor, start: int) -> Tensor:
-    """forward_features' embedding stage on rows of one unpadded document: ids [1, m] -> [1, m, D]."""
+def embed_rows(model: Any, ids: Tensor, start: Tensor | int) -> Tensor:
+    """forward_features' embedding stage on consecutive rows of one unpadded document, the first at position
+    `start` (an int, or a [] tensor in the sliced program's EmbedStage): ids [1, m] -> [1, m, D]."""
     x = model.embed(ids)  # [1, m, D]
     if model.ngrams is not None:
         x = x + model.ngrams(ids)
@@ -82,7 +83,7 @@ def _embed(model: Any, ids: Tensor, start: int) -> Tensor:
         x = x + model.words(ids)
     if model.pos_conv is not None:
         return model.pos_conv(x, torch.ones_like(ids, dtype=torch.bool))
-    pos = torch.arange(start, start + ids.shape[1])[None]  # [1, m]: every row is real
+    pos = start + torch.arange(ids.shape[1])[None]  # [1, m]: every row is real
     return x + sinusoidal(pos, model.cfg.dim) * 0.1
 
 
@@ -94,7 +95,7 @@ def _document(model: Any, ids: Tensor, chunk: int) -> Tensor:
     x = torch.empty(1, n, model.cfg.dim, dtype=model.embed.weight.dtype)  # [1, n, D], the residual stream
     for s, e in slices:
         a, z = max(0, s - left), min(n, e + right)
-        x[:, s:e] = _embed(model, ids[:, a:z], a)[:, s - a : e - a]
+        x[:, s:e] = embed_rows(model, ids[:, a:z], a)[:, s - a : e - a]
     for blk in model.blocks:
         out = _attention(blk, x, slices)  # [1, H, n, d]
         for s, e in slices:

@@ -18,6 +18,7 @@ from lara_serve.server.backends.base import (
     Device,
     ModelOutputs,
     OrtAttention,
+    OrtOptions,
     check_logits,
     check_outputs,
     run_outputs,
@@ -31,6 +32,7 @@ __all__ = [
     "Device",
     "ModelOutputs",
     "OrtAttention",
+    "OrtOptions",
     "check_logits",
     "check_outputs",
     "create_backend",
@@ -44,18 +46,16 @@ def create_backend(
     config: ModelConfig,
     device: Device,
     num_threads: int = 0,
-    ort_attention: OrtAttention = "auto",
-    ort_spinning: bool = False,
-    ort_long_via_torch: bool = True,
+    ort_options: OrtOptions = OrtOptions(),
 ) -> Backend:
     if name == "onnxruntime":
         from lara_serve.server.backends.onnx_runtime import OnnxRuntimeBackend
 
-        return OnnxRuntimeBackend(
-            model_dir, config, device, num_threads, ort_attention, ort_spinning, ort_long_via_torch
-        )
+        return OnnxRuntimeBackend(model_dir, config, device, num_threads, ort_options)
     if name == "torch":
-        from lara_serve.server.backends.pytorch import TorchBackend
+        from lara_serve.server.backends.pytorch import TorchBackend, use_threads
 
-        return TorchBackend(model_dir, config, device, num_threads)
+        backend = TorchBackend(model_dir, config, device)
+        use_threads(num_threads)
+        return backend
     raise BackendUnavailable(f"unknown backend {name!r}; choose onnxruntime or torch")

@@ -23,6 +23,16 @@ class ModelOutputs:
     ood_score: np.ndarray | None = None  # [batch] float32, when the model has the output
 
 
+@dataclass(frozen=True)
+class OrtOptions:
+    """How onnxruntime runs a model: settings.ort_attention, ort_spinning and ort_long_via_torch, grouped so
+    that the factory passes them on as one value (the torch backend has no use for them)."""
+
+    attention: OrtAttention = "auto"
+    spinning: bool = False
+    long_via_torch: bool = True
+
+
 class Backend(Protocol):
     name: str
     device: str

@@ -4,7 +4,7 @@ LaraAttention nodes run either as their ONNX function body (inlined by onnxrunti
 CPU, as the fused C++ kernel registered as a custom op (`lara_serve.kernels.ort_library`); `attention_kernel` says
 which. The kernel is CPU-only: on CUDA the body runs on the GPU.
 
-Text documents longer than LONG_TOKENS go, on the CPU and unless `long_via_torch` is off, to the same model's
+Text documents longer than LONG_TOKENS go, on the CPU and unless `OrtOptions.long_via_torch` is off, to the same model's
 torch forward (lara_serve.model_export.models.long_forward: the residual stream kept in place, everything per token on
 slices): onnxruntime holds ~7.6 KB per token of such a document where ~2.7 KB is live (research.memory_per_byte;
 8 GB at 1 MiB), the sliced forward ~1.7 KB. Each row takes its path by its own length, never by its batch's,
@@ -39,6 +39,7 @@ from lara_serve.server.backends.base import (
     Device,
     ModelOutputs,
     OrtAttention,
+    OrtOptions,
 )
 from lara_serve.server.backends.pytorch import HUB_VERSION, file_digests
 from lara_serve.server.repository import ONNX_FILE, OOD_OUTPUT, TORCH_FILE, ModelConfig, confined
@@ -81,9 +82,7 @@ class OnnxRuntimeBackend(BackendBase):
         config: ModelConfig,
         device: Device,
         num_threads: int = 0,
-        attention: OrtAttention = "auto",
-        spinning: bool = False,
-        long_via_torch: bool = True,
+        ort_options: OrtOptions = OrtOptions(),
         lean_long: bool = True,
         sliced: bool = True,
     ) -> None:
@@ -95,7 +94,7 @@ class OnnxRuntimeBackend(BackendBase):
         super().__init__(model_dir, config, device)
 
         def session(arena: bool, at: Path | None = None) -> Any:
-            options, kernel = _session_options(ort, device, num_threads, attention, spinning)
+            options, kernel = _session_options(ort, device, num_threads, ort_options)
             if not arena:
                 options.enable_cpu_mem_arena = False
                 options.enable_mem_pattern = False
@@ -127,7 +126,7 @@ class OnnxRuntimeBackend(BackendBase):
         text_cpu = device == "cpu" and config.task == "text" and "attention_mask" in declared
         # Its graphs' temporaries are one slice's (~10 MB): no arena to keep them after the document.
         self._sliced = _sliced_program(path, lambda p: session(False, p)) if text_cpu and sliced else None
-        handoff = long_via_torch and text_cpu and self._sliced is None
+        handoff = ort_options.long_via_torch and text_cpu and self._sliced is None
         self._long = _TorchForLong(model_dir, config, num_threads) if handoff else None
 
     def run_outputs(self, inputs: dict[str, np.ndarray]) -> ModelOutputs:
@@ -240,14 +239,15 @@ class _TorchForLong:
 
     def _load(self) -> Backend | None:
         try:
-            from lara_serve.server.backends.pytorch import TorchBackend
+            from lara_serve.server.backends.pytorch import TorchBackend, use_threads
 
             if self._digests and file_digests(list(self._digests)) != self._digests:
                 raise _Changed
-            backend = TorchBackend(self._model_dir, self._config, "cpu", self._threads, self._loader)
+            backend = TorchBackend(self._model_dir, self._config, "cpu", self._loader)
             if self._digests and file_digests(list(self._digests)) != self._digests:  # changed while read
                 backend.close()
                 raise _Changed
+            use_threads(self._threads)
             return backend
         except _Changed:
             self.unavailable = (
@@ -321,9 +321,7 @@ class _Lazy:
         return self.value
 
 
-def _session_options(
-    ort: Any, device: Device, num_threads: int, attention: OrtAttention, spinning: bool
-) -> tuple[Any, str]:
+def _session_options(ort: Any, device: Device, num_threads: int, ort_options: OrtOptions) -> tuple[Any, str]:
     """SessionOptions and how LaraAttention runs on them ("fused" or "body")."""
     options = ort.SessionOptions()
     if num_threads:
@@ -334,10 +332,10 @@ def _session_options(
     # burned about twice its compute in CPU time (settings.ort_spinning): cores the event loop, the other
     # models and everything else on the machine need.
     for key in SPIN_KEYS:
-        options.add_session_config_entry(key, "1" if spinning else "0")
+        options.add_session_config_entry(key, "1" if ort_options.spinning else "0")
     kernel = "body"
-    if device == "cpu" and attention != "body":
-        kernel = _fused_or_body(options, attention)
+    if device == "cpu" and ort_options.attention != "body":
+        kernel = _fused_or_body(options, ort_options.attention)
     return options, kernel
 
 

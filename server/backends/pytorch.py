@@ -52,17 +52,19 @@ def default_loader() -> Loader:
     return load_pretrained
 
 
+def use_threads(num_threads: int) -> None:
+    """torch's intra-op thread count belongs to the process, not to one model: whoever makes a torch backend
+    (create_backend, the onnxruntime backend's long-document forward) sets it here. 0 keeps torch's."""
+    if num_threads:
+        import torch
+
+        torch.set_num_threads(num_threads)
+
+
 class TorchBackend(BackendBase):
     name = "torch"
 
-    def __init__(
-        self,
-        model_dir: Path,
-        config: ModelConfig,
-        device: Device,
-        num_threads: int = 0,
-        loader: Loader | None = None,
-    ) -> None:
+    def __init__(self, model_dir: Path, config: ModelConfig, device: Device, loader: Loader | None = None) -> None:
         import torch
 
         super().__init__(model_dir, config, device)
@@ -76,8 +78,6 @@ class TorchBackend(BackendBase):
                 f"torch cannot serve {config.name!r} version {config.version}: load_pretrained reads the weights "
                 f"of version {HUB_VERSION} only; use backend=onnxruntime"
             )
-        if num_threads:
-            torch.set_num_threads(num_threads)
         module = (loader or default_loader())(model_dir)
         self.module = module.eval().to(device)
         self._torch = torch

@@ -8,6 +8,7 @@ the routes are public, like FastAPI's (the schema holds no secret; the API key s
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
 
 from fastapi import FastAPI
@@ -53,19 +54,20 @@ def install(app: FastAPI) -> None:
             status_code=503,
         )
 
-    @app.get("/docs", include_in_schema=False)
-    async def swagger() -> HTMLResponse:
+    def page(render: Callable[..., HTMLResponse], **urls: str | bool) -> HTMLResponse:
+        """One renderer's page of this app's schema, or the 503 above when the assets are missing."""
         if assets is None:
             return missing()
-        return _page(
-            get_swagger_ui_html(
-                openapi_url=app.openapi_url or "/openapi.json",
-                title=title,
-                oauth2_redirect_url="/docs/oauth2-redirect",
-                swagger_js_url=f"{STATIC_URL}/swagger-ui-bundle.js",
-                swagger_css_url=f"{STATIC_URL}/swagger-ui.css",
-                swagger_favicon_url=f"{STATIC_URL}/favicon.png",
-            )
+        return _page(render(openapi_url=app.openapi_url or "/openapi.json", title=title, **urls))
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger() -> HTMLResponse:
+        return page(
+            get_swagger_ui_html,
+            oauth2_redirect_url="/docs/oauth2-redirect",
+            swagger_js_url=f"{STATIC_URL}/swagger-ui-bundle.js",
+            swagger_css_url=f"{STATIC_URL}/swagger-ui.css",
+            swagger_favicon_url=f"{STATIC_URL}/favicon.png",
         )
 
     @app.get("/docs/oauth2-redirect", include_in_schema=False)
@@ -74,14 +76,9 @@ def install(app: FastAPI) -> None:
 
     @app.get("/redoc", include_in_schema=False)
     async def redoc() -> HTMLResponse:
-        if assets is None:
-            return missing()
-        return _page(
-            get_redoc_html(
-                openapi_url=app.openapi_url or "/openapi.json",
-                title=title,
-                redoc_js_url=f"{STATIC_URL}/redoc.standalone.js",
-                redoc_favicon_url=f"{STATIC_URL}/favicon.png",
-                with_google_fonts=False,  # a font from the internet would be the one thing that does not load
-            )
+        return page(
+            get_redoc_html,
+            redoc_js_url=f"{STATIC_URL}/redoc.standalone.js",
+            redoc_favicon_url=f"{STATIC_URL}/favicon.png",
+            with_google_fonts=False,  # a font from the internet would be the one thing that does not load
         )

@@ -20,7 +20,7 @@ import torch
 from lara_serve.kernels import _cpu_fused, ort_library
 from lara_serve.kernels.inputs import LaraInputs
 from lara_serve.kernels.reference import lara_attention_ref
-from lara_serve.server.backends import BackendUnavailable
+from lara_serve.server.backends import BackendUnavailable, OrtOptions
 from lara_serve.server.backends.onnx_runtime import OnnxRuntimeBackend
 from lara_serve.server.repository import read_config
 from tests.kernels.conftest import make_inputs, tail_padding
@@ -123,7 +123,7 @@ def test_the_shipped_text_model_gives_the_same_logits_fused_and_body():
 def test_the_server_backend_uses_the_fused_kernel_by_default():
     config = read_config(NEWS)
     assert OnnxRuntimeBackend(NEWS, config, "cpu").attention_kernel == "fused"
-    assert OnnxRuntimeBackend(NEWS, config, "cpu", attention="body").attention_kernel == "body"
+    assert OnnxRuntimeBackend(NEWS, config, "cpu", ort_options=OrtOptions(attention="body")).attention_kernel == "body"
 
 
 def test_without_headers_auto_falls_back_and_fused_refuses(tmp_path, monkeypatch):
@@ -138,7 +138,7 @@ def test_without_headers_auto_falls_back_and_fused_refuses(tmp_path, monkeypatch
         config = read_config(NEWS)
         assert OnnxRuntimeBackend(NEWS, config, "cpu").attention_kernel == "body"
         with pytest.raises(BackendUnavailable, match="ort_attention=fused but the fused kernel is unavailable"):
-            OnnxRuntimeBackend(NEWS, config, "cpu", attention="fused")
+            OnnxRuntimeBackend(NEWS, config, "cpu", ort_options=OrtOptions(attention="fused"))
     finally:
         monkeypatch.undo()
         ort_library.reset()

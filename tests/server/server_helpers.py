@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import io
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import httpx
 import numpy as np
+import pytest
 from PIL import Image
 
 from lara_serve.server import Settings, create_app
 from lara_serve.server.models import ServedModel
+from lara_serve.server.testing import server_process
 
 TEXT, IMAGE = "tiny-text", "tiny-image"
 MAX_LENGTH = 256
@@ -27,6 +31,20 @@ async def serve(settings: Settings, models: list[ServedModel] | None = None) -> 
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             yield client
+
+
+def live_server(repo: Path) -> Iterator[str]:
+    """For a module fixture (`yield from live_server(repo)`): a real `python -m lara_serve.server` on 127.0.0.1
+    over `repo`, one thread and a 1 ms batching delay, so that the tests wait for answers, not for batches."""
+    env = {"LARA_MODEL_REPOSITORY": str(repo), "LARA_MAX_QUEUE_DELAY_MS": "1", "LARA_NUM_THREADS": "1"}
+    with server_process(["--log-level", "warning"], env=env) as url:
+        yield url
+
+
+def tritonclient_http(url: str) -> tuple[ModuleType, Any]:
+    """tritonclient's HTTP module and a client of the server at `url`; the test is skipped without tritonclient."""
+    http = pytest.importorskip("tritonclient.http")
+    return http, http.InferenceServerClient(url=url.removeprefix("http://"))
 
 
 def png_bytes(size: tuple[int, int] = (28, 28), seed: int = 0, fmt: str = "PNG") -> bytes:

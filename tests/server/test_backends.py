@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from server_helpers import IMAGE, TEXT
 
-from lara_serve.server.backends import BackendUnavailable, create_backend
+from lara_serve.server.backends import BackendUnavailable, OrtOptions, create_backend
 from lara_serve.server.backends.onnx_runtime import SPIN_KEYS
 from lara_serve.server.backends.pytorch import TorchBackend
 from lara_serve.server.models import load_models
@@ -132,7 +132,7 @@ def test_long_rows_run_on_torch_and_short_rows_on_onnxruntime(repo: Path, monkey
     monkeypatch.setattr(onnx_runtime, "LONG_TOKENS", 16)  # the synthetic model's texts are short
     config = read_config(repo / TEXT)
     inputs = _two_lengths(config)
-    plain = create_backend("onnxruntime", repo / TEXT, config, "cpu", ort_long_via_torch=False)
+    plain = create_backend("onnxruntime", repo / TEXT, config, "cpu", ort_options=OrtOptions(long_via_torch=False))
     mixed = create_backend("onnxruntime", repo / TEXT, config, "cpu")
     seen: list[tuple[int, int]] = []
     torch_backend = TorchBackend(repo / TEXT, config, "cpu", loader=load_synthetic)
@@ -162,7 +162,7 @@ def test_without_torch_weights_long_rows_stay_on_onnxruntime(repo: Path, monkeyp
         warnings.simplefilter("always")
         second = backend.run(inputs)
     assert not again  # said once
-    plain = create_backend("onnxruntime", repo / TEXT, config, "cpu", ort_long_via_torch=False)
+    plain = create_backend("onnxruntime", repo / TEXT, config, "cpu", ort_options=OrtOptions(long_via_torch=False))
     assert plain._long is None  # type: ignore[attr-defined]
     np.testing.assert_array_equal(first, plain.run(inputs))
     np.testing.assert_array_equal(second, first)

@@ -10,17 +10,14 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from server_helpers import IMAGE, TEXT, png_bytes
+from server_helpers import IMAGE, TEXT, live_server, png_bytes, tritonclient_http
 
 from lara_serve.server.synthetic import TEXT_LABELS
-from lara_serve.server.testing import server_process
 
 
 @pytest.fixture(scope="module")
 def live_url(repo: Path) -> Iterator[str]:
-    env = {"LARA_MODEL_REPOSITORY": str(repo), "LARA_MAX_QUEUE_DELAY_MS": "1", "LARA_NUM_THREADS": "1"}
-    with server_process(["--log-level", "warning"], env=env) as url:
-        yield url
+    yield from live_server(repo)
 
 
 def test_uvicorn_serves_v1_and_v2(live_url: str) -> None:
@@ -32,8 +29,7 @@ def test_uvicorn_serves_v1_and_v2(live_url: str) -> None:
 
 
 def test_tritonclient_binary_and_json(live_url: str) -> None:
-    http = pytest.importorskip("tritonclient.http")
-    client = http.InferenceServerClient(url=live_url.removeprefix("http://"))
+    http, client = tritonclient_http(live_url)
     assert client.is_server_live() and client.is_server_ready() and client.is_model_ready(TEXT)
     assert client.get_model_metadata(TEXT)["name"] == TEXT
     texts = np.array([b"first document", b"second, longer document about sports"], dtype=object)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from server_helpers import TEXT
 
-from lara_serve.server.backends import BackendUnavailable, create_backend, onnx_runtime, pytorch
+from lara_serve.server.backends import BackendUnavailable, OrtOptions, create_backend, onnx_runtime, pytorch
 from lara_serve.server.repository import ONNX_FILE, TORCH_FILE, read_config
 
 REAL_TORCH_BACKEND = pytorch.TorchBackend
@@ -105,7 +105,7 @@ def test_lean_long_session_is_not_made_from_a_changed_onnx(repo: Path, tmp_path:
     shutil.copytree(repo / TEXT, tmp_path / TEXT)
     model_dir = tmp_path / TEXT
     config = read_config(model_dir)
-    backend = create_backend("onnxruntime", model_dir, config, "cpu", ort_long_via_torch=False)
+    backend = create_backend("onnxruntime", model_dir, config, "cpu", ort_options=OrtOptions(long_via_torch=False))
     onnx = model_dir / config.version / ONNX_FILE
     onnx.write_bytes(b"not the model that was loaded")  # a new version lands without a reload
     with pytest.warns(UserWarning, match="model.onnx changed on disk since the model was loaded"):
@@ -115,6 +115,6 @@ def test_lean_long_session_is_not_made_from_a_changed_onnx(repo: Path, tmp_path:
 
 def test_lean_long_session_is_made_from_an_unchanged_onnx(repo: Path) -> None:
     config = read_config(repo / TEXT)
-    backend = create_backend("onnxruntime", repo / TEXT, config, "cpu", ort_long_via_torch=False)
+    backend = create_backend("onnxruntime", repo / TEXT, config, "cpu", ort_options=OrtOptions(long_via_torch=False))
     lean = backend._lean_session.get()  # type: ignore[attr-defined]
     assert lean is not backend.session  # type: ignore[attr-defined]

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lara_serve.server.backends import onnx_runtime
+from lara_serve.server.backends import OrtOptions, onnx_runtime
 from lara_serve.server.backends.onnx_runtime import OnnxRuntimeBackend
 from lara_serve.server.preprocess import collate, text_item
 from lara_serve.server.repository import read_config
@@ -44,7 +44,9 @@ def batch(model_dir: Path) -> dict[str, np.ndarray]:
 
 
 def backend(model_dir: Path, **kwargs: bool) -> OnnxRuntimeBackend:
-    return OnnxRuntimeBackend(model_dir, read_config(model_dir), "cpu", num_threads=1, long_via_torch=False, **kwargs)
+    return OnnxRuntimeBackend(
+        model_dir, read_config(model_dir), "cpu", num_threads=1, ort_options=OrtOptions(long_via_torch=False), **kwargs
+    )
 
 
 def test_long_rows_run_on_the_sliced_program_and_agree_with_the_whole_graph(
