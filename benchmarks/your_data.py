@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import RESULTS
+from benchmarks.common import RESULTS, save_figure
 from lara_serve.model_export.your_data.samples import USER_DATASETS, write
 
 TARGET_MARGIN = -0.01  # the target: LARA's accuracy at least the baseline's minus 1 point
@@ -174,9 +174,7 @@ def chart(rows: list[dict[str, Any]], path: Path) -> None:
     ax.set_ylim(0, 100)
     ax.legend(loc="lower right")
     ax.set_title("Your data: LARA vs a plain baseline, same split, same budget")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -249,7 +249,7 @@ def explain_files(client: LaraClient, args: argparse.Namespace, out: TextIO) -> 
 
     def explain(path: Path) -> Explanation:
         text = path.read_bytes().decode(args.charset)
-        (explanation,) = client.explain(args.model, [text], args.truncate or False, args.max_passages)
+        (explanation,) = client.explain(args.model, [text], args.truncate, args.max_passages)
         return explanation
 
     return _each_file(

@@ -163,21 +163,25 @@ class LaraClient:
     # -- v1 ------------------------------------------------------------------------------------------
 
     def predict(
-        self, model: str, instances: list[str | bytes], truncate: bool | str = False, top_k: int | None = None
+        self, model: str, instances: list[str | bytes], truncate: bool | str | None = None, top_k: int | None = None
     ) -> list[Prediction]:
-        """Texts as str; images (or raw bytes) as bytes, sent as {"b64": ...}."""
+        """Texts as str; images (or raw bytes) as bytes, sent as {"b64": ...}. truncate None: the model's
+        default (config.json's preprocessing.truncate; 413 if it has none)."""
         body = {
             "instances": [{"b64": base64.b64encode(i).decode()} if isinstance(i, bytes) else i for i in instances],
-            "parameters": {"truncate": truncate, **({"top_k": top_k} if top_k else {})},
+            "parameters": {**_truncate_field(truncate), **({"top_k": top_k} if top_k else {})},
         }
         data = self._request("POST", f"/v1/models/{model}:predict", json=body).json()
         return [Prediction.from_json(p) for p in data["predictions"]]
 
     def explain(
-        self, model: str, texts: list[str], truncate: bool | str = False, max_passages: int | None = None
+        self, model: str, texts: list[str], truncate: bool | str | None = None, max_passages: int | None = None
     ) -> list[Explanation]:
         """Text models: the prediction and each passage's contribution to it (occlusion), per text."""
-        params: dict[str, Any] = {"truncate": truncate, **({"max_passages": max_passages} if max_passages else {})}
+        params: dict[str, Any] = {
+            **_truncate_field(truncate),
+            **({"max_passages": max_passages} if max_passages else {}),
+        }
         data = self._request("POST", f"/v1/models/{model}:explain", json={"instances": texts, "parameters": params})
         return [Explanation.from_json(e) for e in data.json()["explanations"]]
 
@@ -204,9 +208,9 @@ class LaraClient:
 
     # -- v2 ------------------------------------------------------------------------------------------
 
-    def infer(self, model: str, items: list[bytes], binary: bool = True, truncate: bool = False) -> V2Result:
+    def infer(self, model: str, items: list[bytes], binary: bool = True, truncate: bool | None = None) -> V2Result:
         """v2 infer on the BYTES `raw` input; binary=True uses the binary tensor data extension."""
-        params: dict[str, Any] = {"truncate": truncate, "binary_data_output": binary}
+        params: dict[str, Any] = {**_truncate_field(truncate), "binary_data_output": binary}
         spec: dict[str, Any] = {"name": "raw", "datatype": "BYTES", "shape": [len(items)]}
         if binary:
             blob = b"".join(struct.pack("<I", len(i)) + i for i in items)
@@ -217,6 +221,11 @@ class LaraClient:
             kwargs = {"json": {"inputs": [{**spec, "data": [i.decode() for i in items]}], "parameters": params}}
         response = self._request("POST", f"/v2/models/{model}/infer", **kwargs)
         return _decode_v2(response)
+
+
+def _truncate_field(truncate: bool | str | None) -> dict[str, bool | str]:
+    """The request's truncate parameter, left out when None so the model's default applies."""
+    return {} if truncate is None else {"truncate": truncate}
 
 
 def _truncate_param(truncate: bool | str) -> str:

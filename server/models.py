@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from lara_serve.server.backends import Backend, create_backend, run_outputs
+from lara_serve.server.backends import Backend, OrtOptions, create_backend, run_outputs
 from lara_serve.server.batcher import Batcher, BatchObserver, BatchPolicy, BatchResult
 from lara_serve.server.errors import ErrorKind, ServeError, clean_message, not_found
 from lara_serve.server.inputs import image_for_text_model
@@ -128,6 +128,13 @@ class ServedModel:
             f"{len(results)} items; "
             "no result is returned. Inputs far outside the training range (e.g. pixel_values of 1e38) cause this",
         )
+
+    @property
+    def default_truncation(self) -> str | None:
+        """The side a text model cuts when a request says nothing of truncation (config.json's
+        preprocessing.truncate), or None: 413 for a text over max_length."""
+        prep = self.config.preprocessing
+        return (prep.truncate or None) if isinstance(prep, TextPreprocessing) else None
 
     def item_from_bytes(self, data: bytes, truncate: str | None, max_image_pixels: int) -> Item:
         prep = self.config.preprocessing
@@ -250,6 +257,7 @@ class ServedModel:
         if isinstance(prep, TextPreprocessing):
             out["max_length"] = prep.max_length
             out["truncation_sides"] = list(TRUNCATION_SIDES)
+            out["truncate_default"] = self.default_truncation or False
         if self.max_input_bytes is not None:
             out["max_input_bytes"] = self.max_input_bytes
         return out
@@ -370,10 +378,8 @@ def _load_one(name: str, model_dir: Path, settings: Settings, metrics: Metrics |
         from lara_serve.server.backends.allocator import keep_freed_memory
 
         keep_freed_memory()
-    backend = create_backend(
-        kind, model_dir, config, settings.device, settings.num_threads, settings.ort_attention,
-        settings.ort_spinning, settings.ort_long_via_torch,
-    )  # fmt: skip
+    ort_options = OrtOptions(settings.ort_attention, settings.ort_spinning, settings.ort_long_via_torch)
+    backend = create_backend(kind, model_dir, config, settings.device, settings.num_threads, ort_options)
     observer = metrics.observer(name) if metrics is not None else None
     model = ServedModel(config, backend, policy_from(settings), observer)
     caps = [n for n in (config.max_input_bytes, settings.max_input_bytes) if n]

@@ -115,10 +115,10 @@ class B64Instance(_Body):
 
 
 class V1Parameters(_Body):
-    truncate: StrictBool | Literal["head", "tail", "head+tail"] = Field(
-        False,
+    truncate: StrictBool | Literal["head", "tail", "head+tail"] | None = Field(
+        None,
         description="Long texts: false = 413; true/head keeps the first max_length bytes, tail the last, "
-        "head+tail half of each",
+        "head+tail half of each; absent: the model's default (config.json preprocessing.truncate, else false)",
     )
     top_k: int | None = Field(None, ge=1, description="Labels in top_k (default: server's default_top_k)")
     priority: int | None = Field(None, description="Not supported: a request that sets it is refused with 400")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from lara_serve.model_export.head.finalize import holdout_temperature, serving_s
 from lara_serve.model_export.models.config import TextConfig
 from lara_serve.model_export.models.hub import VERSION, WEIGHTS, make_config_dict, save_pretrained
 from lara_serve.model_export.models.ood import ServingModel
+from lara_serve.model_export.your_data.budget import Phases
 from lara_serve.model_export.your_data.fit import FitState
 from lara_serve.model_export.your_data.report import (
     accuracy_by_length,
@@ -61,10 +63,15 @@ def serving_head(model: torch.nn.Module, prep: Any) -> tuple[ServingModel, dict[
     return serving.eval(), calibration, ood_section, z_test
 
 
-def finish(args: argparse.Namespace, prep: Any, state: FitState, stage: Path) -> dict[str, Any]:
-    """Fit the serving head, evaluate, export and report into `stage`; returns config.json's "metrics"."""
+def finish(
+    args: argparse.Namespace, prep: Any, state: FitState, stage: Path, phases: Phases | None = None
+) -> dict[str, Any]:
+    """Fit the serving head, evaluate, export and report into `stage`; returns config.json's "metrics".
+    `phases` times each step on the run's clock (lara_serve.model_export.your_data.budget)."""
+    phases = phases or Phases(time.perf_counter)
     model = prep.model.eval()
-    serving, calibration, ood_section, z_test = serving_head(model, prep)
+    with phases.phase("serving head"):
+        serving, calibration, ood_section, z_test = serving_head(model, prep)
     raw = z_test.double().numpy()
     probs = softmax(raw / serving.temperature.item())
     lara = classification_metrics(probs, prep.test_y, prep.names)
@@ -75,7 +82,8 @@ def finish(args: argparse.Namespace, prep: Any, state: FitState, stage: Path) ->
     }
     baseline = None
     if not args.no_baseline:
-        bprobs, bname, bsecs = prep.baseline(state.train_time_s)
+        with phases.phase("baseline"):  # text: fitted before training, returned here
+            bprobs, bname, bsecs = prep.baseline(state.train_time_s)
         baseline = {
             "name": bname,
             "fit_time_s": round(bsecs, 1),
@@ -134,6 +142,10 @@ def finish(args: argparse.Namespace, prep: Any, state: FitState, stage: Path) ->
         ood=ood_section,
     )
     conf["outputs"] = [*conf["outputs"], {"name": "ood_score", "datatype": "FP32", "shape": [-1]}]
+    if prep.data.task == "text":
+        # Training read no document past its first max_length bytes: the server does the same with a longer
+        # one unless the request says otherwise (truncate=false: 413), instead of refusing what training read.
+        conf["preprocessing"]["truncate"] = "head"
     save_pretrained(model, conf, stage)
     weights = stage / VERSION / WEIGHTS
     tensors = {**load_file(str(weights)), **serving.serving_state()}
@@ -142,7 +154,8 @@ def finish(args: argparse.Namespace, prep: Any, state: FitState, stage: Path) ->
     weights.unlink()
     weights.write_bytes(save(tensors, metadata={"format": "pt"}))
     max_length = prep.cfg.max_length if isinstance(prep.cfg, TextConfig) else None
-    export_model_dir(stage, max_length=max_length)
+    with phases.phase("export"):
+        export_model_dir(stage, max_length=max_length)
     (stage / "split.json").write_text(json.dumps(split, indent=2) + "\n")
     report = {
         "name": args.out.name,
@@ -167,9 +180,13 @@ def finish(args: argparse.Namespace, prep: Any, state: FitState, stage: Path) ->
             "train_time_s": state.train_time_s,
             "clock": args.clock,
             "history": state.history,
+            "recipe": prep.hp.get("recipe_choice"),
+            "time_budget_s": None if args.time_budget is None else args.time_budget * 60.0,
+            "phases_s": phases.seconds,
         },  # fmt: skip
     }
-    write_report(stage, report, prep.names)
+    with phases.phase("report"):
+        write_report(stage, report, prep.names)
     return metrics
 
 

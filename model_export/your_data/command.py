@@ -39,6 +39,7 @@ from lara_serve.model_export.training.data import pad_batch
 from lara_serve.model_export.training.long_docs import LengthMixTask, length_groups, to_ids
 from lara_serve.model_export.training.tasks import ImageTask
 from lara_serve.model_export.training.train import DEFAULTS
+from lara_serve.model_export.your_data import budget
 from lara_serve.model_export.your_data import dist as userdist
 from lara_serve.model_export.your_data import loader as ud
 from lara_serve.model_export.your_data import recipe as recipe
@@ -141,6 +142,8 @@ class Prepared:
         None  # text with the wide path: its documents (lara_serve.model_export.your_data.wide)
     )
     parts: dict[str, Any] | None = None  # after training: the wide path's blend and each part alone
+    # What the phases after training read (lara_serve.model_export.your_data.budget.make_plan's units)
+    units: dict[str, int] | None = None
 
 
 def prepare(args: argparse.Namespace, group: userdist.Group = userdist.Group()) -> Prepared:
@@ -163,20 +166,27 @@ def prepare(args: argparse.Namespace, group: userdist.Group = userdist.Group()) 
     y_train = torch.from_numpy(y_all[split.train])
     if data.task == "text":
         model, cfg, init, taken = build(args, "text", names, None)
-        mix = recipe.length_mix(cfg.max_length)
+        choice = recipe.choose([len(data.texts[i]) for i in split.train])  # short texts or long documents
+        mix = recipe.length_mix(cfg.max_length, choice["recipe"])
         train_task: Any = LengthMixTask([data.texts[i] for i in split.train], y_train, cfg.max_length, **mix)
         bank, filler_sha = recipe.filler_bank(group.share) if not args.no_augment else (None, None)
-        aug = recipe.text_augment(cfg.max_length, enabled=not args.no_augment, bank=bank)
+        aug = recipe.text_augment(cfg.max_length, enabled=not args.no_augment, bank=bank, kind=choice["recipe"])
         train_task.text_augment = None if aug is None else recipe.capped(aug, cfg.max_length)
         hold_raws, test_raws = [data.texts[i] for i in split.holdout], [test.texts[i] for i in test_idx]
         hold_fn = lambda m: _text_logits(m, hold_raws, cfg.max_length)  # noqa: E731
-        hp = {**DEFAULTS["news"], "length_mix": mix, "recipe": recipe.recipe_line(cfg.pooling), "augment": not args.no_augment,
+        hp = {**DEFAULTS["news"], "length_mix": mix, "recipe": recipe.recipe_line(cfg.pooling, choice["recipe"]),
+              "recipe_choice": choice, "augment": not args.no_augment,
               "text_augment": recipe.augment_record(aug), "filler_sha256": filler_sha}  # fmt: skip
         # The out-of-distribution fit reads training documents whole and as heads (what head-truncating
-        # clients send), as lara_serve.model_export.head.finalize does for the shipped models.
+        # clients send), as lara_serve.model_export.head.finalize does for the shipped models: a seeded sample of
+        # them, so its time and memory stay bounded whatever the data's size (lara_serve.model_export.your_data.budget).
         train_raws = [data.texts[i][: cfg.max_length] for i in split.train]
+        sample = budget.ood_sample([len(r) for r in train_raws], args.seed)
+        ood_raws, ood_y = [train_raws[i] for i in sample], y_all[split.train][sample].tolist()
+        hp["ood_fit"] = {"documents": len(sample), "of": len(train_raws), "bytes": sum(map(len, ood_raws)),
+                         "at_most": {"documents": budget.OOD_FIT_DOCS, "bytes": budget.OOD_FIT_BYTES}}  # fmt: skip
         parts = {
-            "train": ([r[:n] for n in (None, *TEXT_HEADS) for r in train_raws], y_all[split.train].tolist() * 3),
+            "train": ([r[:n] for n in (None, *TEXT_HEADS) for r in ood_raws], ood_y * 3),
             "holdout": ([r[: cfg.max_length] for r in hold_raws], hold_y.tolist()),
             "test": ([r[: cfg.max_length] for r in test_raws], test_y.tolist()),
         }
@@ -186,6 +196,10 @@ def prepare(args: argparse.Namespace, group: userdist.Group = userdist.Group()) 
             return z, f, torch.tensor(parts[part][1])
 
         train_texts, train_y = [data.texts[i] for i in split.train], y_all[split.train].tolist()
+        units = {"holdout": sum(map(len, parts["holdout"][0])), "test": sum(map(len, parts["test"][0])),
+                 "ood": sum(map(len, parts["train"][0])), "train_bytes": sum(map(len, train_raws)),
+                 "train_docs": len(train_raws), "wide": int(bool(cfg.tfidf_buckets)),
+                 "baseline": int(not args.no_baseline)}  # fmt: skip
         input_scores = lambda: text_input_scores(train_raws, parts["holdout"][0], parts["test"][0],  # noqa: E731
                                                  bool(cfg.case_fold))  # fmt: skip
 
@@ -221,6 +235,8 @@ def prepare(args: argparse.Namespace, group: userdist.Group = userdist.Group()) 
 
         input_scores = lambda: image_input_scores(parts["train"], hold_task, test_task)  # noqa: E731
         wide = None
+        units = {"holdout": len(split.holdout), "test": len(test_idx), "ood": len(split.train), "train_bytes": 0,
+                 "train_docs": 0, "wide": 0, "baseline": 0}  # fmt: skip
 
         def baseline(secs: float) -> tuple[np.ndarray, str, float]:
             probs, fit_s = image_baseline(train_task, test_task, len(names), secs, args.seed, args.clock)
@@ -248,6 +264,7 @@ def prepare(args: argparse.Namespace, group: userdist.Group = userdist.Group()) 
         test_raws,
         input_scores,
         wide,
+        units=units,
     )
 
 
@@ -280,6 +297,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     TrainingStopped with messages meant for the user."""
     check_options(args)
     check_out(args.out, args.overwrite)
+    timer = clock_fn(args.clock)
+    phases = budget.Phases(timer, 0.0 if args.clock == "cpu" else timer())
     if args.threads:
         torch.set_num_threads(args.threads)
     group = userdist.setup()  # one process, or this one's place under torchrun
@@ -303,11 +322,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.resume:  # before the wide path's fit: a refused resume costs nothing
         for note in resume_notes(check_resume(work / "ckpt", meta), meta):
             print(f"warning: --resume: {note}", file=sys.stderr)
+    plan = budget.check_first(prep, settings, phases, group, args.time_budget, args.clock)
     created = group.main and not work.exists()
     try:
         if group.main:
             work.mkdir(parents=True, exist_ok=True)
-        metrics = _train_and_write(args, prep, settings, work, meta, progress, group)
+        metrics = _train_and_write(args, prep, settings, work, meta, progress, group, phases, plan)
     except TrainingStopped:
         raise
     except BaseException as exc:
@@ -334,25 +354,37 @@ def _clean_up(work: Path, created: bool, full: bool) -> None:
 
 
 def _train_and_write(args, prep: Prepared, settings: FitSettings, work: Path, meta: dict[str, Any], progress: str,
-                     group: userdist.Group) -> dict[str, Any]:  # fmt: skip
-    """Fit the wide path and the encoder, then (process 0) write the model folder and move it into place."""
+                     group: userdist.Group, phases: budget.Phases, plan: budget.Plan | None) -> dict[str, Any]:  # fmt: skip
+    """Fit the wide path and the baseline, train the encoder in what the budget leaves after the estimate of
+    the phases after it, then (process 0) write the model folder and move it into place."""
     wide = None
     if prep.wide is not None:
-        wide, settings = _fit_wide(prep, settings)
+        with phases.phase("wide"):
+            wide, settings = _fit_wide(prep, settings)
+    if prep.data.task == "text" and not args.no_baseline:  # a text baseline does not depend on LARA's training
+        with phases.phase("baseline"):
+            early = prep.baseline(0.0)
+        prep.baseline = lambda secs: early
+    spent = float(group.share(phases.elapsed()))  # type: ignore[arg-type]
+    settings = dataclasses.replace(settings, spent_s=spent, reserve_s=plan.after_s if plan is not None else 0.0)
     try:
-        state = fit(prep.model, prep.train_task,
-                    lambda m: float((prep.holdout_logits(m).argmax(1) == prep.holdout_y).mean()),
-                    settings, work / "ckpt", meta, resume=args.resume, progress=progress, group=group)  # fmt: skip
+        with phases.phase("training"):
+            state = fit(prep.model, prep.train_task,
+                        lambda m: float((prep.holdout_logits(m).argmax(1) == prep.holdout_y).mean()),
+                        settings, work / "ckpt", meta, resume=args.resume, progress=progress, group=group)  # fmt: skip
     finally:
         userdist.teardown(group)
     if not group.main:
         return {}  # process 0 writes the model folder
+    budget.release_memory()
     if wide is not None:
         deep = lambda m, docs: _text_logits(m, docs, prep.cfg.max_length)  # noqa: E731
-        prep.parts = userwide.attach(prep.model, *wide, prep.wide, deep)
+        with phases.phase("blend"):
+            prep.parts = userwide.attach(prep.model, *wide, prep.wide, deep)
     stage = work / "stage"
     shutil.rmtree(stage, ignore_errors=True)
-    metrics = finish(args, prep, state, stage)
+    metrics = finish(args, prep, state, stage, phases)
+    budget.record_time(stage, phases, args.time_budget)
     if args.out.exists():
         shutil.rmtree(args.out)  # check_out allowed it: --overwrite, or an empty folder
     stage.rename(args.out)
@@ -371,8 +403,8 @@ def warn_long(prep: Prepared) -> None:
         print(
             f"warning: {len(long)} of {len(prep.data)} documents in {prep.data.source} are longer than the model's "
             f"{limit:,} bytes (the longest: {len(prep.data.texts[worst]):,} bytes, {prep.data.ids[worst]}); training "
-            f"reads their first {limit:,} bytes; the served model answers 413 for such documents unless the client "
-            "asks for truncation (truncate=head keeps what training saw); raise --max-length to read more",
+            f"reads their first {limit:,} bytes, and so does the served model (config.json preprocessing.truncate = "
+            "head; a request with truncate=false gets 413 instead); raise --max-length to read more",
             file=sys.stderr,
         )
 

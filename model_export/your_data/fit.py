@@ -15,6 +15,7 @@ import io
 import json
 import math
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -67,6 +68,9 @@ class FitSettings:
     clock: Literal["wall", "cpu"] = "wall"
     # Seconds of the budget spent before the encoder trains (text: the wide path's fit, lara_serve.model_export.your_data.wide).
     spent_s: float = 0.0
+    # Seconds of the budget kept for the phases after training (lara_serve.model_export.your_data.budget): training
+    # ends, and its learning-rate schedule completes, at time_budget_s - reserve_s.
+    reserve_s: float = 0.0
 
 
 def clock_fn(clock: str) -> Callable[[], float]:
@@ -83,6 +87,7 @@ class FitState:
     step_in_epoch: int = 0  # > 0 only in a checkpoint written by Ctrl-C mid-epoch
     epochs_exact: float = 0.0  # epochs trained, the last one by its share of the epoch's steps when cut short
     train_time_s: float = 0.0
+    eval_time_s: float = 0.0  # the per-epoch holdout evaluations, on the run's clock (counted in the budget)
     seen: int = 0  # examples, correct predictions and summed loss of the current epoch so far
     correct: int = 0
     loss_sum: float = 0.0
@@ -245,12 +250,14 @@ def fit(
         # Epochs done (the current one by its share of the estimated steps: a length-mix epoch's step count
         # varies a little) or the share of the time budget spent, whichever is further.
         by_epochs = (state.epoch + min(1.0, state.step_in_epoch / steps_epoch)) / max_epochs if s.epochs else 0.0
-        return max(by_epochs, (s.spent_s + elapsed) / s.time_budget_s if s.time_budget_s else 0.0)
+        end = max(s.time_budget_s - s.reserve_s, 1e-9) if s.time_budget_s else 0.0
+        return max(by_epochs, (s.spent_s + state.eval_time_s + elapsed) / end if end else 0.0)
 
     def out_of_time(elapsed: float) -> bool:
-        return s.time_budget_s is not None and s.spent_s + elapsed >= s.time_budget_s
+        return s.time_budget_s is not None and s.spent_s + s.reserve_s + state.eval_time_s + elapsed >= s.time_budget_s
 
     budgeted = s.time_budget_s is not None and s.epochs is None
+    timer = clock_fn(s.clock)
     rep = Reporter(progress if group.main else "quiet", s.time_budget_s if budgeted else total,
                    "s" if budgeted else "step")  # fmt: skip
     rep.step(s.spent_s + state.train_time_s if budgeted else state.step, 0.0, 0.0)
@@ -266,13 +273,16 @@ def fit(
                 noise = None
                 # An epoch cut by the budget counts its share of the (estimated) steps, below 1.
                 state.epochs_exact = round(epoch + (1.0 if whole else min(0.99, state.step_in_epoch / steps_epoch)), 2)
+                t_eval = timer()
+                holdout = holdout_accuracy(model)
+                state.eval_time_s += float(group.share(timer() - t_eval))  # type: ignore[arg-type]
                 record = {
                     "event": "epoch",
                     "epoch": epoch + 1,
                     "steps": state.step,
                     "train_loss": state.loss_sum / max(state.seen, 1),
                     "train_acc": state.correct / max(state.seen, 1),
-                    "holdout_acc": holdout_accuracy(model),
+                    "holdout_acc": holdout,
                     "train_time_s": round(state.train_time_s, 3),
                     "clock": s.clock,
                 }
@@ -335,7 +345,8 @@ def _run_epoch(model, task, opt, loss_fn, s, state, epoch, noise, stop, rep, pro
         probe = max(_PROBE_MIN, round(_PROBE_SHARE * steps_epoch))
         if epoch == 0 and first is not None and (state.step_in_epoch == min(probe, steps_epoch) or out_of_time(now)):
             rate = (now - first) / (state.step_in_epoch - 1) if state.step_in_epoch > 1 else now
-            _check_budget(s, first + rate * (steps_epoch - 1))
+            if group.main:
+                _check_budget(s, first + rate * (steps_epoch - 1))
         if stopping:
             if group.main:
                 save_checkpoint(ckpt, model, opt, state, meta)
@@ -346,12 +357,18 @@ def _run_epoch(model, task, opt, loss_fn, s, state, epoch, noise, stop, rep, pro
 
 
 def _check_budget(s: FitSettings, epoch_s: float) -> None:
-    if s.time_budget_s is not None and s.spent_s + epoch_s > s.time_budget_s:
-        # minutes, one decimal, 20% above the projection
-        minimum = math.ceil((s.spent_s + epoch_s) * 1.2 / 6.0) / 10.0
-        before = f", after {s.spent_s:.0f} s fitting the wide path" if s.spent_s else ""
-        raise BudgetTooSmall(
-            f"--time-budget {s.time_budget_s / 60:g} min is too small to finish one epoch here "
-            f"(one epoch takes about {epoch_s / 60:.2f} min{before}); use --time-budget {minimum:g} or more",
-            minimum,
+    """After the first steps: when what the budget leaves for training holds less than the epoch, say so and
+    train that part of it. Never a refusal here, after the work before training: a budget too small for the
+    whole run is refused before any work (lara_serve.model_export.your_data.budget), on an estimate this
+    projection refines."""
+    if s.time_budget_s is None:
+        return
+    left = s.time_budget_s - s.reserve_s - s.spent_s
+    if epoch_s > left:
+        print(
+            f"warning: one epoch takes about {epoch_s / 60:.2f} min here and the budget leaves "
+            f"{max(left, 0.0) / 60:.2f} min for training: training {max(left, 0.0) / epoch_s:.0%} of an epoch; a "
+            f"larger --time-budget trains more (one whole epoch: about "
+            f"{math.ceil((s.time_budget_s - left + epoch_s) / 6.0) / 10.0:g})",
+            file=sys.stderr,
         )

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import random
+import statistics
 from collections.abc import Callable
 from typing import Any
 
@@ -29,8 +30,33 @@ from lara_serve.model_export.training.train import LENGTH_MIX
 POOLING = "attention"
 
 
-def recipe_line(pooling: str = POOLING) -> str:
-    """config.json's training.recipe: what the robust recipe did to this model."""
+# Short texts (a median training document under this many bytes: subject lines, descriptions, messages)
+# get the short recipe: whole documents in large batches, filler at most as long as the text, no same-label
+# composites. The robust recipe's composites of 4-16 KB and filler up to 8x a window train a model for
+# documents these data never have, at 10-50x the cost of an epoch of them (issue 54: 8.3 min an epoch of 60
+# texts of 400 B).
+SHORT_MEDIAN_BYTES = 1024
+SHORT_WINDOW = 2048  # the short recipe's longest training window, bytes (the served max_length stays)
+SHORT_FILLER_RATIO = 1.0  # filler at most as long as the window it joins
+
+
+def choose(lengths: list[int]) -> dict[str, Any]:
+    """The recipe for training documents of these lengths (bytes), as config.json's training.recipe_choice
+    records it: "short" when their median is under SHORT_MEDIAN_BYTES, else "robust"."""
+    median = float(statistics.median(lengths)) if lengths else 0.0
+    kind = "short" if median < SHORT_MEDIAN_BYTES else "robust"
+    return {"recipe": kind, "median_bytes": median, "rule": f"short when the median training document is under "
+            f"{SHORT_MEDIAN_BYTES:,} bytes, else robust"}  # fmt: skip
+
+
+def recipe_line(pooling: str = POOLING, kind: str = "robust") -> str:
+    """config.json's training.recipe: what the recipe did to this model."""
+    if kind == "short":
+        return (
+            f"short text (lara_serve.model_export.your_data.recipe): {pooling} pooling, case folding unless "
+            f"--no-case-fold, windows up to {SHORT_WINDOW:,} bytes, no composites, TextAugment with filler at most "
+            f"{SHORT_FILLER_RATIO:g}x the window unless --no-augment"
+        )
     return (
         f"robust text (lara_serve.model_export.your_data.recipe): {pooling} pooling, case folding unless --no-case-fold, "
         "TextAugment on every training window unless --no-augment"
@@ -40,13 +66,15 @@ def recipe_line(pooling: str = POOLING) -> str:
 RECIPE = recipe_line()
 
 
-def length_mix(max_length: int) -> dict[str, Any]:
+def length_mix(max_length: int, kind: str = "robust") -> dict[str, Any]:
     """The shipped news recipe's windows (lara_serve.model_export.training.long_docs.LengthMixTask: 256 B-8 KB log-uniform, same-label
     composites of 4-16 KB for 15% of the examples, head-anchored windows half the time, 24 K tokens a batch),
     every length capped at the model's max_length: no training input is longer than a served one may be.
     Unlike the shipped run, a batch holds at least 2 examples (a long window gets a partner past the token
     budget), so `torchrun --nproc_per_node 2` gives both processes work every step."""
     mix = {**LENGTH_MIX["news"], "head_prob": 0.5, "composite_min": 4096, "composite_max": 16384, "min_examples": 2}
+    if kind == "short":  # whole short documents, many to a batch (the token budget stays)
+        mix.update(min_length=64, max_length=SHORT_WINDOW, composite_prob=0.0)
     for key in ("max_length", "min_length", "composite_max", "composite_min"):
         mix[key] = min(mix[key], max_length)
     return mix
@@ -57,11 +85,16 @@ def text_config(cfg: TextConfig, case_fold: bool = True, pooling: str = POOLING)
     return dataclasses.replace(cfg, pooling=pooling, case_fold=case_fold)
 
 
-def text_augment(max_length: int, enabled: bool = True, bank: FillerBank | None = None) -> TextAugment | None:
+def text_augment(
+    max_length: int, enabled: bool = True, bank: FillerBank | None = None, kind: str = "robust"
+) -> TextAugment | None:
     """The shipped news recipe's augmentation (TextAugment's defaults), the augmented window capped at the
-    model's max_length: filler never makes a training input longer than a served one may be."""
+    model's max_length: filler never makes a training input longer than a served one may be. The short
+    recipe's filler is at most as long as the window, the window with it at most SHORT_WINDOW."""
     if not enabled:
         return None
+    if kind == "short":
+        return TextAugment(filler_max_ratio=SHORT_FILLER_RATIO, max_total=min(SHORT_WINDOW, max_length), bank=bank)
     return TextAugment(max_total=min(TextAugment.max_total, max_length), bank=bank)
 
 

@@ -154,6 +154,7 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.4f}"
 
 
+_PART_NAMES = {"blend": "blend", "wide": "wide path alone", "encoder": "encoder alone"}
 _CLOCKS = {"wall": "wall-clock", "cpu": "of CPU time (--clock cpu)"}
 
 
@@ -172,6 +173,7 @@ def write_report(out: Path, report: dict[str, Any], names: Sequence[str]) -> Non
         "|---|---|---|---|",
         f"| LARA ({report['model']}) | {lara['accuracy']:.4f} | {lara['macro_f1']:.4f} | {lara['ece']:.4f} |",
     ]
+    rec, phases = report["training"].get("recipe"), report["training"].get("phases_s")
     if base is not None:
         lines.append(
             f"| baseline: {base['name']} | {base['accuracy']:.4f} | {base['macro_f1']:.4f} | {base['ece']:.4f} |"
@@ -179,12 +181,36 @@ def write_report(out: Path, report: dict[str, Any], names: Sequence[str]) -> Non
     parts = report.get("parts")
     if parts:
         blend, enc, wide = parts["blend"], parts["encoder"], parts["wide"]
+        served = parts.get("served") or {"part": "blend", "encoder_weight": blend["encoder"],
+                                         "wide_weight": blend["wide"], "why": "the blend"}  # fmt: skip
         lines += [
             "",
-            f"LARA's logits are {blend['encoder']:g} x the encoder's + {blend['wide']:g} x the wide path's (hashed "
-            f"word 1-2-gram tf-idf, logistic regression), weights chosen on the holdout. Each part alone on the "
-            f"test set: encoder {_pct(enc['test_accuracy'])}, wide path {_pct(wide['test_accuracy'])}.",
+            f"Served: the {_PART_NAMES.get(served['part'], served['part'])} ({served['why']}): LARA's logits are {served['encoder_weight']:g} x the "
+            f"encoder's + {served['wide_weight']:g} x the wide path's (hashed word 1-2-gram tf-idf, logistic "
+            f"regression). The blend's weights ({blend['encoder']:g}, {blend['wide']:g}) minimize the holdout NLL.",
+            "",
+            "| part | holdout accuracy | test accuracy |",
+            "|---|---|---|",
+            *(
+                f"| {label}{' (served)' if key == served['part'] else ''} | {_pct(p.get('holdout_accuracy'))} | "
+                f"{_pct(p.get('test_accuracy'))} |"
+                for key, label, p in (
+                    ("blend", "blend", blend),
+                    ("wide", "wide path", wide),
+                    ("encoder", "encoder", enc),
+                )
+            ),  # fmt: skip
         ]
+    if rec:
+        lines += [
+            "",
+            f"Recipe: {rec['recipe']} (median training document {rec['median_bytes']:,.0f} bytes; {rec['rule']}).",
+        ]
+    if phases:
+        budget = report["training"].get("time_budget_s")
+        lines += ["", f"Time by phase, s {_CLOCKS[report['training'].get('clock', 'wall')]}: "
+                  + ", ".join(f"{k} {v:.0f}" for k, v in phases.items())
+                  + (f" (budget {budget:.0f} s for the whole run)" if budget else "") + "."]  # fmt: skip
     lines += [
         "",
         f"Calibration: temperature {cal['temperature']:.3f} fitted on the holdout, part of the served graph; "

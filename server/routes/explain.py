@@ -37,7 +37,7 @@ async def explain(
         body = await parse_large(V1ExplainRequest, await read_body(request), expected)
         refuse_unsupported(body.parameters.model_dump(exclude_none=True))
         raw = [_instance_bytes(model, i, n) for n, i in enumerate(body.instances)]
-        side = truncation_side(body.parameters.truncate) or truncation_side(truncate)
+        side = truncation_side(body.parameters.truncate, truncate, default=model.default_truncation)
         items = await _to_items(model, raw, side, settings.max_image_pixels)
         max_passages = body.parameters.max_passages or settings.explain_passages
         results, passages = await explainer.explain(

@@ -53,7 +53,11 @@ class TEIPredictRequest(BaseModel):
 
     inputs: str | list[str | list[str]] = Field(description='One text, or a batch: ["a", "b"] or [["a"], ["b"]]')
     raw_scores: bool = Field(False, description="true: log-softmax scores instead of probabilities")
-    truncate: bool = Field(False, description="false: a text over max_length is a 413; true: it is cut")
+    truncate: bool | None = Field(
+        None,
+        description="false: a text over max_length is a 413; true: it is cut; absent: the model's default "
+        "(config.json preprocessing.truncate; false unless it says otherwise)",
+    )
     truncation_direction: Literal["Right", "Left", "right", "left"] = Field(
         "Right", description="Right cuts the end (keeps the head), Left cuts the start (keeps the tail)"
     )
@@ -127,6 +131,8 @@ async def _predict(request: Request, state: State, model: str | None, hf_form: b
         if len(texts) > state.settings.max_queue_size:
             raise too_large(f"{len(texts)} inputs; at most max_queue_size={state.settings.max_queue_size}")
         side = ("head" if body.truncation_direction.lower() == "right" else "tail") if body.truncate else None
+        if body.truncate is None:  # TEI's auto-truncate: the model's own default side
+            side = served.default_truncation
         items = await _to_items(served, texts, side, state.settings.max_image_pixels)
         scored, headers = await run(state, served, items)
         params = body.parameters if hf_form else None
@@ -177,7 +183,7 @@ def tei_info(state: AppState) -> dict[str, Any]:
             }
         },  # fmt: skip
         "max_batch_tokens": state.settings.max_batch_tokens,
-        "auto_truncate": False,
+        "auto_truncate": bool(labels) and model.default_truncation is not None,  # type: ignore[union-attr]
         "tokenization_workers": None,
         "sha": None,
         "docker_label": None,

@@ -140,7 +140,9 @@ async def torchserve_predict(
     with track(state, name):
         model = _model(state, name, version)
         files = await _bodies(request, model, state.settings.max_queue_size)
-        items = await _to_items(model, files, truncation_side(truncate), state.settings.max_image_pixels)
+        items = await _to_items(
+            model, files, truncation_side(truncate, default=model.default_truncation), state.settings.max_image_pixels
+        )
         scored, headers = await run(state, model, items)
         k = min(top_k or state.settings.default_top_k, len(model.config.labels))
         rows = []
@@ -166,7 +168,9 @@ async def torchserve_explain(
         model = _model(state, name, version)
         explainer.require_text(model)
         files = await _bodies(request, model, settings.max_queue_size)
-        items = await _to_items(model, files, truncation_side(truncate), settings.max_image_pixels)
+        items = await _to_items(
+            model, files, truncation_side(truncate, default=model.default_truncation), settings.max_image_pixels
+        )
         results, passages = await explainer.explain(
             model, items, max_passages or settings.explain_passages, settings.request_timeout_s, settings.max_queue_size
         )

@@ -102,7 +102,7 @@ async def predict(
                 f"{len(body.instances)} instances; at most max_queue_size={settings.max_queue_size}",
             )
         raw = await run_sized(len(raw_body), _instances_bytes, model, body.instances)  # 16 MB of base64: ~20 ms
-        side = truncation_side(body.parameters.truncate) or truncation_side(truncate)
+        side = truncation_side(body.parameters.truncate, truncate, default=model.default_truncation)
         items = await _to_items(model, raw, side, settings.max_image_pixels)
         results = await model.classify(items, settings.request_timeout_s)
         top_k = body.parameters.top_k or settings.default_top_k
@@ -157,7 +157,10 @@ async def classify(
         else:
             named = [(None, await upload_bytes(model, request))]
         items = await _to_items(
-            model, [data for _, data in named], truncation_side(truncate), settings.max_image_pixels
+            model,
+            [data for _, data in named],
+            truncation_side(truncate, default=model.default_truncation),
+            settings.max_image_pixels,
         )
         results = await model.classify(items, settings.request_timeout_s)
         preds = predictions(model, [r.value for r in results], top_k or settings.default_top_k)

@@ -138,7 +138,9 @@ async def run_infer(state: AppState, model: ServedModel, decoded: DecodedRequest
         explainer.require_text(model)
     max_passages = explainer.check_max_passages(params.get("max_passages", settings.explain_passages))
     tensors = _base64_inputs(decoded)
-    items = await _items(model, tensors, truncation_side(params.get("truncate")), settings)
+    items = await _items(
+        model, tensors, truncation_side(params.get("truncate"), default=model.default_truncation), settings
+    )
     results, explanations = await _run(model, items, explain, max_passages, settings, timeout_s)
     state.metrics.observe_items(model.name, [i.length for i in items], [r.queue_s + r.inference_s for r in results])
     outputs = _output_tensors(model, [r.value for r in results])

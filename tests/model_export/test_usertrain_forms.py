@@ -103,7 +103,8 @@ def test_pooling_passages_takes_the_shipped_news_readout_whole(tmp_path: Path) -
     assert prep.cfg.pooling == "passages" and prep.cfg.passage_bytes == shipped["passage_bytes"]
     assert prep.model.passages is not None and prep.model.pool is None
     assert prep.hp["init_tensors"]["fresh"] == ["head.bias", "head.weight", "tfidf.idf", "tfidf.weight"]
-    assert prep.hp["recipe"].startswith("robust text (lara_serve.model_export.your_data.recipe): passages pooling")
+    # the tiny texts are short: the short recipe, with the readout asked for
+    assert prep.hp["recipe"].startswith("short text (lara_serve.model_export.your_data.recipe): passages pooling")
     assert _prepare([*argv, "--pooling", "mean"]).model.pool is None
     with pytest.raises(SystemExit):
         _prepare([*argv, "--pooling", "max"])  # argparse names the choices

@@ -142,7 +142,9 @@ def test_long_documents_are_named_in_a_warning(runs: dict, tmp_path: Path, capsy
     assert train_main([str(runs["root"] / "news.jsonl"), *TINY_TEXT, "--out", str(tmp_path / "m")]) == 130
     err = capsys.readouterr().err
     assert "warning: 1 of 25 documents" in err and "longer than the model's 1,024 bytes" in err
-    assert "3,500 bytes, line 25" in err and "truncate=head" in err
+    assert (
+        "3,500 bytes, line 25" in err and "so does the served model (config.json preprocessing.truncate = head" in err
+    )
 
 
 def _ctrl_c(*a, **k):

@@ -131,7 +131,7 @@ def test_installed_model_computes_the_blend() -> None:
             return torch.cat([m(userwide._ids(d)[None], torch.ones(1, len(d), dtype=torch.long)) for d in docs]).numpy()
 
     parts = userwide.attach(model, head, fit, data, deep_logits)
-    a, b = parts["blend"]["encoder"], parts["blend"]["wide"]
+    a, b = parts["served"]["encoder_weight"], parts["served"]["wide_weight"]  # the blend or a part alone
     assert model.tfidf is head
     want = a * deep + b * torch.from_numpy(fit.logits(userwide.features(head, DOCS)))
     with torch.no_grad():
@@ -198,3 +198,23 @@ def test_large_sets_are_chosen_on_a_subset(monkeypatch: pytest.MonkeyPatch) -> N
     docs, y = _topics(30)
     userwide.choose_settings(userwide.counts(TfidfHead(BUCKETS, 2), docs), y)
     assert seen and max(seen) == 16  # two of three folds of the 24 kept
+
+
+def test_the_served_part_is_never_worse_than_a_part_alone_on_the_holdout() -> None:
+    """The blend's weights minimize the holdout NLL; a part alone can still be right more often (issue 54:
+    served 1.7 points under its own wide path). Then that part is served, and the choice says why."""
+    y = np.array([0, 1] * 50)
+    wide = np.eye(2)[y] * 1.0  # right on 85 of 100, by a small margin
+    wide[:15] = np.eye(2)[1 - y[:15]]
+    deep = np.zeros((100, 2))
+    deep[:15] = np.eye(2)[y[:15]] * 10.0  # the encoder fixes the wide path's 15 errors ...
+    deep[15:40] = np.eye(2)[1 - y[15:40]] * 3.0  # ... and overrules it, wrongly, on 25 more
+    weights = {"blend": (1.0, 1.0), "wide": (0.0, 1.0), "encoder": (1.0, 0.0)}
+    served = userwide.choose_served(deep, wide, y, weights)
+    assert {p: served["holdout"][p]["accuracy"] for p in weights} == {"blend": 0.75, "wide": 0.85, "encoder": 0.45}
+    assert served["part"] == "wide" and (served["encoder_weight"], served["wide_weight"]) == (0.0, 1.0)
+    assert served["why"].startswith("highest holdout accuracy (0.8500; blend 0.7500, encoder 0.4500)")
+    # equal accuracy: the lower NLL wins (both right everywhere, the encoder sharper)
+    same = {"blend": (0.0, 1.0), "wide": (0.0, 1.0), "encoder": (1.0, 0.0)}
+    assert userwide.choose_served(np.eye(2)[y] * 5.0, np.eye(2)[y], y, same)["part"] == "encoder"
+    assert userwide.choose_served(deep[:0], wide[:0], y[:0], weights)["part"] == "blend"  # no holdout

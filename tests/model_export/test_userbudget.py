@@ -1,0 +1,118 @@
+"""`lara train`'s budget and recipes (issue 54): the recipe chosen from the data's lengths, a bounded ood fit,
+the phases after training reserved out of the budget, a too-small budget refused before any work."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from user_samples import TINY_TEXT, write_texts
+
+from lara_serve.model_export.models.registry import build_model, get_config
+from lara_serve.model_export.training.long_docs import LengthMixTask
+from lara_serve.model_export.your_data import budget, recipe
+from lara_serve.model_export.your_data import fit as userfit
+from lara_serve.model_export.your_data import wide as userwide
+from lara_serve.model_export.your_data.command import main as train_main
+
+
+def test_the_recipe_follows_the_median_length() -> None:
+    assert recipe.choose([40, 300, 900])["recipe"] == "short"
+    assert recipe.choose([40, 2000, 30_000])["recipe"] == "robust"
+    assert recipe.choose([100] * 3 + [50_000] * 4)["median_bytes"] == 50_000
+    short, robust = recipe.length_mix(65536, "short"), recipe.length_mix(65536)
+    assert short["composite_prob"] == 0.0 and short["max_length"] <= recipe.SHORT_WINDOW < robust["max_length"]
+    assert robust["composite_prob"] > 0.0
+    aug = recipe.text_augment(65536, kind="short")
+    assert aug is not None and aug.filler_max_ratio <= 1.0 and aug.max_total <= recipe.SHORT_WINDOW
+
+
+def test_an_epoch_of_short_texts_costs_a_fraction_under_the_short_recipe() -> None:
+    """Issue 54: 400-byte texts under the long-document recipe (composites of 4-16 KB, filler up to 8x) cost
+    minutes an epoch; the short recipe trains on about what the texts are."""
+    docs = [(b"word%d " % i) * 60 for i in range(200)]  # ~400 bytes each
+    labels = torch.tensor([i % 2 for i in range(200)])
+    tokens = {}
+    for kind in ("short", "robust"):
+        task = LengthMixTask(docs, labels, 65536, **recipe.length_mix(65536, kind))
+        task.text_augment = recipe.capped(recipe.text_augment(65536, kind=kind), 65536)  # type: ignore[arg-type]
+        tokens[kind] = budget.epoch_tokens(task)
+    assert tokens["short"] * 4 < tokens["robust"]
+    assert tokens["short"] < 2.5 * sum(map(len, docs))
+
+
+def test_the_ood_fit_reads_a_bounded_seeded_sample() -> None:
+    lengths = [1000] * 5000
+    sample = budget.ood_sample(lengths, seed=0)
+    assert len(sample) == budget.OOD_FIT_DOCS and sample == sorted(sample) and sample == budget.ood_sample(lengths, 0)
+    assert sample != budget.ood_sample(lengths, seed=1)
+    assert sum(lengths[i] for i in budget.ood_sample([65536] * 1000, 0)) <= budget.OOD_FIT_BYTES
+    assert budget.ood_sample([10] * 7, 0) == list(range(7))  # small data: every document
+    assert len(budget.ood_sample([10 * budget.OOD_FIT_BYTES], 0)) == 1  # at least one document
+
+
+def test_the_least_budget_holds_every_phase() -> None:
+    plan = budget.Plan(probe_s=5.0, wide_s=30.0, baseline_s=10.0, epoch_s=200.0, after_s=60.0)
+    assert plan.least_budget_min() == 5.1  # 305 s, rounded up to a tenth of a minute
+
+
+def test_training_stops_where_the_reserve_begins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """30 s budget, 10 s reserved for the phases after training, 4 s spent before: training and its holdout
+    evaluations end at 20 s on the run's clock, the learning-rate schedule complete there."""
+    docs = [(b"goal " if i % 2 else b"chip ") * (20 + i) for i in range(40)]
+    task = LengthMixTask(docs, torch.tensor([i % 2 for i in range(40)]), 1024, min_length=32, max_length=256,
+                         tokens_per_batch=256)  # fmt: skip
+    ticks = {"cpu": 0.0}
+
+    def cpu() -> float:
+        ticks["cpu"] += 0.5
+        return ticks["cpu"]
+
+    monkeypatch.setattr(userfit.time, "process_time", cpu)
+    lrs: list[float] = []
+    monkeypatch.setattr(userfit, "warmup_cosine", lambda progress, warmup: lrs.append(progress) or 1.0)
+    settings = userfit.FitSettings(lr=1e-3, weight_decay=0.0, label_smoothing=0.0, batch_size=0, epochs=None,
+                                   time_budget_s=30.0, seed=1, clock="cpu", spent_s=4.0, reserve_s=10.0)  # fmt: skip
+    model = build_model(get_config("tiny-text", num_classes=2, max_length=1024), seed=1)
+    state = userfit.fit(model, task, lambda m: 0.5, settings, tmp_path / "c", {}, progress="quiet")
+    used = settings.spent_s + state.train_time_s + state.eval_time_s
+    assert 20.0 <= used <= 21.5 and state.eval_time_s > 0
+    assert max(lrs) == pytest.approx(1.0, abs=0.06)  # the schedule's progress reaches its end at 20 s, not 30
+
+
+def test_a_budget_too_small_for_the_run_is_refused_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_texts(tmp_path / "d.jsonl", per_label=20)
+
+    def no_fit(*a, **k):
+        raise AssertionError("the wide path was fitted before the budget was checked")
+
+    monkeypatch.setattr(userwide, "detach_and_fit", no_fit)
+    args = [str(tmp_path / "d.jsonl"), "--out", str(tmp_path / "m"), *TINY_TEXT, "--time-budget", "0.2"]
+    assert train_main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --time-budget 0.2 min is too small")
+    least = float(err[0].split("use --time-budget ")[1].split()[0])
+    assert least > 0.2 and "after training" in err[0]  # the phases after training count
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.jsonl"]  # nothing written, no work folder
+
+
+def test_the_run_records_its_phases_recipe_and_served_part(tmp_path: Path) -> None:
+    write_texts(tmp_path / "d.jsonl", per_label=12)
+    out = tmp_path / "m"
+    assert train_main([str(tmp_path / "d.jsonl"), "--out", str(out), *TINY_TEXT, "--epochs", "1"]) == 0
+    conf = json.loads((out / "config.json").read_text())
+    assert conf["preprocessing"]["truncate"] == "head"  # trained on heads: served so unless a request says no
+    training = conf["training"]
+    assert {"wide", "baseline", "training", "blend", "serving head", "export", "report"} <= set(training["phases_s"])
+    assert training["run_s"] >= sum(training["phases_s"].values()) - 1.0
+    assert training["recipe_choice"]["recipe"] == "short" and "short text" in training["recipe"]
+    assert training["ood_fit"]["documents"] == training["ood_fit"]["of"]  # small data: all of it
+    served = conf["metrics"]["parts"]["served"]
+    assert served["part"] in ("blend", "wide", "encoder") and served["why"]
+    report = (out / "report.md").read_text()
+    assert "Recipe: short" in report and f"| {served['part'].replace('wide', 'wide path')} (served) |" in report
+    assert "Time by phase" in report
