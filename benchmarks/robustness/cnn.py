@@ -3,14 +3,19 @@
 Two 3x3 convolution blocks (32 and 64 channels, max-pooled) and a 128-unit hidden layer: what a practitioner
 would try first on 28x28 images. It trains on the ViT's training split (train minus the seeded holdout) with
 the same crop-and-flip augmentation (`lara_serve.model_export.training.tasks.ImageTask`) for `budget_s` seconds of wall time,
-AdamW 2e-3 with cosine decay over the budget. The weights are cached under runs/robustness/ by budget and
-seed, so a rerun of the suite does not retrain.
+AdamW 2e-3 with cosine decay over the budget. When the ViT was trained with a photometric recipe
+(config.json's training notes), the CNN gets the same recipe (`augment_image.ImagePhotometric`), so a
+photometric case compares two models that saw the same kinds of change. The weights are cached under
+runs/robustness/ by budget, seed and recipe, so a rerun of the suite does not retrain.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -42,14 +47,17 @@ class CnnAnchor:
         self.model, self.mean, self.std, self.train_s, self.steps = model.eval(), mean, std, train_s, steps
 
     @classmethod
-    def trained(cls, budget_s: float, mean: float, std: float, seed: int = 0) -> CnnAnchor:
-        path = CACHE / f"cnn_{int(budget_s)}s_seed{seed}.pt"
+    def trained(
+        cls, budget_s: float, mean: float, std: float, seed: int = 0, photometric: dict[str, Any] | None = None
+    ) -> CnnAnchor:
+        """photometric: ImagePhotometric settings to train with (None: geometric augmentation only)."""
+        path = cache_path_for(budget_s, seed, photometric)
         model = SmallCNN()
         if path.is_file():
             state = torch.load(path, weights_only=True)
             model.load_state_dict(state["model"])
             return cls(model, mean, std, float(state["train_s"]), int(state["steps"]))
-        train_s, steps = _train(model, budget_s, mean, std, seed)
+        train_s, steps = _train(model, budget_s, mean, std, seed, photometric)
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save({"model": model.state_dict(), "train_s": train_s, "steps": steps}, path)
         return cls(model, mean, std, train_s, steps)
@@ -61,12 +69,17 @@ class CnnAnchor:
         return Outputs(softmax(logits.numpy()), None)
 
 
-def _train(model: SmallCNN, budget_s: float, mean: float, std: float, seed: int) -> tuple[float, int]:
+def _train(
+    model: SmallCNN, budget_s: float, mean: float, std: float, seed: int, photometric: dict[str, Any] | None
+) -> tuple[float, int]:
+    from lara_serve.model_export.training.augment_image import ImagePhotometric
     from lara_serve.model_export.training.tasks import ImageTask, load_task
 
     torch.manual_seed(seed)
     task = load_task("fashion", "train", type("Cfg", (), {"mean": mean, "std": std})())
     assert isinstance(task, ImageTask)
+    if photometric is not None:
+        task.photometric = ImagePhotometric.from_json(json.dumps(photometric))
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=1e-4)
     loss_fn = nn.CrossEntropyLoss()
@@ -88,5 +101,9 @@ def _train(model: SmallCNN, budget_s: float, mean: float, std: float, seed: int)
     return time.perf_counter() - t0, steps
 
 
-def cache_path_for(budget_s: float, seed: int = 0) -> Path:
-    return CACHE / f"cnn_{int(budget_s)}s_seed{seed}.pt"
+def cache_path_for(budget_s: float, seed: int = 0, photometric: dict[str, Any] | None = None) -> Path:
+    """Without a recipe: the name used before recipes existed (its cached weights stay valid)."""
+    if photometric is None:
+        return CACHE / f"cnn_{int(budget_s)}s_seed{seed}.pt"
+    digest = hashlib.sha256(json.dumps(photometric, sort_keys=True).encode()).hexdigest()[:8]
+    return CACHE / f"cnn_{int(budget_s)}s_seed{seed}_photometric-{digest}.pt"

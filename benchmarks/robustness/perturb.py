@@ -157,3 +157,37 @@ def upscale_digits(images: np.ndarray) -> np.ndarray:
         small = Image.fromarray((img * (255.0 / 16.0)).astype(np.uint8)).resize((20, 20), Image.BILINEAR)
         out[i, 4:24, 4:24] = np.asarray(small)
     return out
+
+
+# Photometric corruptions. Their code is the suite's own (Pillow's enhancers, scipy's filter), not the training
+# recipe's (lara_serve.model_export.training.augment_image), so a model is measured on the change, not on the recipe.
+
+
+def contrast(x: np.ndarray, factor: float) -> np.ndarray:
+    """Pillow's ImageEnhance.Contrast: each image's levels scaled by `factor` about its mean grey level."""
+    from PIL import Image, ImageEnhance
+
+    return np.stack([np.asarray(ImageEnhance.Contrast(Image.fromarray(img)).enhance(factor)) for img in x])
+
+
+def scale(x: np.ndarray, factor: float) -> np.ndarray:
+    """Every level multiplied by `factor` (a dimmer exposure: the black background stays black), rounded."""
+    return np.clip(np.rint(x.astype(np.float32) * factor), 0, 255).astype(np.uint8)
+
+
+def brightness(x: np.ndarray, delta: int) -> np.ndarray:
+    """`delta` grey levels added to every pixel, clipped to 0-255 (the background lifts to `delta`)."""
+    return np.clip(x.astype(np.int16) + delta, 0, 255).astype(np.uint8)
+
+
+def gamma(x: np.ndarray, g: float) -> np.ndarray:
+    """255 * (x / 255) ** g, rounded: g < 1 lifts the dark levels, g > 1 sinks them."""
+    return np.clip(np.rint(255.0 * (x / 255.0) ** g), 0, 255).astype(np.uint8)
+
+
+def blur(x: np.ndarray, sigma: float) -> np.ndarray:
+    """Gaussian blur of `sigma` pixels (scipy.ndimage.gaussian_filter, reflected edges), rounded."""
+    from scipy.ndimage import gaussian_filter
+
+    out = np.stack([gaussian_filter(img.astype(np.float32), sigma) for img in x])
+    return np.clip(np.rint(out), 0, 255).astype(np.uint8)

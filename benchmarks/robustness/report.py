@@ -79,9 +79,27 @@ def _summary_rows(name: str, r: dict[str, Any]) -> list[list[str]]:
 def _image_rows(name: str, r: dict[str, Any]) -> list[list[str]]:
     c = r["cases"]
     rows = [[name, f"t10k clean (n={c['clean']['model']['n']})", _fmt(c["clean"]["model"]), _fmt(c["clean"]["anchor"])]]
-    for key, label in (("shift_3px", "shifted 3 px"), ("rotate_15deg", "rotated 15 degrees")):
-        rows.append([name, label, _fmt(c[key]["model"]), _fmt(c[key]["anchor"])])
+    for key, label in (("shift_3px", "shifted 3 px"), ("rotate_15deg", "rotated 15 degrees"),
+                       ("contrast_x0.5", "contrast x0.5"), ("brightness_+60", "brightness +60"),
+                       ("blur_sigma1.2", "blur sigma 1.2"), ("gaussian_noise", "gaussian noise sigma 25")):  # fmt: skip
+        if key in c:  # results written before the photometric cases lack them
+            rows.append([name, label, _fmt(c[key]["model"]), _fmt(c[key]["anchor"])])
     return rows + _summary_rows(name, r)[1:]  # ECE in the long tables
+
+
+def _honesty_table(r: dict[str, Any]) -> str | None:
+    """Per image case: ECE, and the share of wrong answers passing as sure ones (model: also in distribution)."""
+    rows = [
+        [k, f"{100 * v['model_ece']:.1f}", f"{100 * v['anchor_ece']:.1f}", _fmt(v["model_passed_wrong"]),
+         _fmt(v["anchor_passed_wrong"]), _fmt(v.get("model_in_distribution"))]
+        for k, v in r["cases"].items() if "model_ece" in v
+    ]  # fmt: skip
+    if not rows:
+        return None
+    anchor = r["anchor"]["name"]
+    heads = ["case", "ECE model %", f"ECE {anchor} %", "wrong passing as sure, model %", f"... {anchor} %",
+             "in distribution %"]  # fmt: skip
+    return _table(rows, heads)
 
 
 def _table(rows: list[list[str]], headers: list[str]) -> str:
@@ -116,6 +134,9 @@ def long_tables(results: dict[str, Any]) -> str:
                     [f"BBC News {k} ({ns['label']})", str(v["model"]["n"]), _fmt(v["model"]), _fmt(v["anchor"])]
                 )
         out.append(f"### {name} (anchor: {anchor})\n\n" + _table(rows, ["case", "n", "model %", f"{anchor} %"]))
+        honesty = _honesty_table(r) if r["kind"] == "image" else None
+        if honesty:  # wrong passing as sure: top probability >= 0.9 and (model) ood_score within the threshold
+            out.append(honesty)
         ood = dict(r["ood"])
         if "ood" in ns:  # shown for what the ood score does with it; not an out-of-domain set (worst AUROC skips it)
             ood[f"BBC News ({ns['label']} from a new source; not counted)"] = ns["ood"]

@@ -80,6 +80,24 @@ def ece(probs: np.ndarray, labels: np.ndarray, resamples: int = 300, seed: int =
     return figure(value, len(labels), float(lo), float(hi), f"bootstrap ({resamples})")
 
 
+CONFIDENT = 0.9  # a wrong answer at this top probability or above, not flagged out, passes as a sure one
+
+
+def passed_wrong(
+    probs: np.ndarray, labels: np.ndarray, ood: np.ndarray | None = None, threshold: float | None = None
+) -> dict[str, Any] | None:
+    """Of the wrong answers, the share that passes as a sure answer: top probability >= CONFIDENT and, where
+    the model has an ood score and threshold, in distribution (score <= threshold). None without wrong answers."""
+    probs, labels = np.asarray(probs, np.float64), np.asarray(labels)
+    wrong = probs.argmax(1) != labels
+    if not wrong.any():
+        return None
+    passes = probs.max(1) >= CONFIDENT
+    if ood is not None and threshold is not None:
+        passes &= np.asarray(ood) <= threshold
+    return wilson(int((passes & wrong).sum()), int(wrong.sum()))
+
+
 def softmax(logits: np.ndarray) -> np.ndarray:
     z = np.asarray(logits, np.float64)
     z = z - z.max(axis=1, keepdims=True)

@@ -12,11 +12,18 @@ python -m lara_serve.model_export.head.finalize model_repository/lara-text-news
   rate, written into config.json's "calibration" and "ood" sections, plus a reliability diagram;
 - the weights file gains the serving head's tensors and 1/model.onnx is exported again with two outputs.
 The test split is only measured, never fitted on.
+
+--corrupted temperature ood (image models trained with --image-photometric): the temperature is fitted on the
+holdout plus each holdout image once through the training recipe, and the ood fit (class means, covariance,
+pixel model) on the training subset plus its copies, so pictures changed the way training changed them are
+judged as in distribution and their confidence is what the model earns on them; the threshold stays at 95%
+of the clean holdout.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -41,6 +48,9 @@ from lara_serve.model_export.training.long_docs import _collate, length_groups
 from lara_serve.model_export.training.tasks import load_task, text_docs
 
 PASS_RATE = 0.95
+# Image models trained with a photometric recipe: parts of the head that may also see the images once more
+# through that recipe (seeded): the temperature's holdout, the ood fit's training subset (finalize --corrupted).
+CORRUPTED_PARTS = ("temperature", "ood")
 TEXT_HEADS = (512, 2048)  # document heads added to the ood fit, besides whole documents
 IMAGE_FIT_LIMIT = 12000  # training images in the ood fit (of 58,000): the covariance is 64x64 or so
 
@@ -71,16 +81,41 @@ def task_outputs(model: nn.Module, task: Any, batch_size: int = 256) -> tuple[Te
     return torch.cat(zs), torch.cat(fs), torch.cat(ys)
 
 
-def split_outputs(model: nn.Module, dataset: str, split: str, heads: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+def photometric_recipe(conf: dict[str, Any]) -> Any:
+    """The ImagePhotometric a model was trained with (config.json's training notes), or None."""
+    settings = ((conf.get("training") or {}).get("image_augment") or {}).get("photometric")
+    if not settings:
+        return None
+    from lara_serve.model_export.training.augment_image import ImagePhotometric
+
+    return ImagePhotometric.from_json(json.dumps(settings))
+
+
+def with_corrupted(task: Any, recipe: Any, seed: int) -> Any:
+    """The image task's items followed by each image once more through the photometric `recipe` (seeded,
+    as in training: some images come through unchanged), so a fit sees pictures as users' cameras change them."""
+    g = torch.Generator().manual_seed(seed)
+    changed = torch.cat([recipe(task.images[i : i + 512], g) for i in range(0, len(task), 512)])
+    images, labels = torch.cat([task.images, changed]), torch.cat([task.labels, task.labels])
+    return dataclasses.replace(task, images=images, labels=labels, augment=False)
+
+
+def _image_task(model: nn.Module, split: str, recipe: Any = None) -> Any:
+    task = load_task("fashion", split, model.cfg)
+    if split == "train":  # a seeded subset: the fit needs a covariance, not every image
+        idx = torch.randperm(len(task), generator=torch.Generator().manual_seed(0))[:IMAGE_FIT_LIMIT]
+        task = type(task)(task.images[idx], task.labels[idx], task.mean, task.std, augment=False)
+    return task if recipe is None else with_corrupted(task, recipe, seed=1 if split == "train" else 2)
+
+
+def split_outputs(
+    model: nn.Module, dataset: str, split: str, heads: bool = False, recipe: Any = None
+) -> tuple[Tensor, Tensor, Tensor]:
     """(logits, features, labels) of a split; text documents are read whole (up to the model's max_length),
-    and with heads=True also as their first TEXT_HEADS bytes."""
+    and with heads=True also as their first TEXT_HEADS bytes. recipe (images): with_corrupted's copies too."""
     cfg = model.cfg
     if dataset == "fashion":
-        task = load_task(dataset, split, cfg)
-        if split == "train":  # a seeded subset: the fit needs a covariance, not every image
-            idx = torch.randperm(len(task), generator=torch.Generator().manual_seed(0))[:IMAGE_FIT_LIMIT]
-            task = type(task)(task.images[idx], task.labels[idx], task.mean, task.std, augment=False)
-        return task_outputs(model, task)
+        return task_outputs(model, _image_task(model, split, recipe))
     texts, labels = text_docs(dataset, split)
     raws = [t.encode("utf-8")[: cfg.max_length] for t in texts]
     ys = list(labels)
@@ -92,14 +127,13 @@ def split_outputs(model: nn.Module, dataset: str, split: str, heads: bool = Fals
     return z, f, torch.tensor(ys)
 
 
-def split_input_scores(model: nn.Module, dataset: str) -> tuple[nn.Module, Tensor, Tensor]:
+def split_input_scores(model: nn.Module, dataset: str, recipe: Any = None) -> tuple[nn.Module, Tensor, Tensor]:
     """The input-space score (lara_serve.model_export.models.ood_input) fitted on the training split, with its values on the
-    holdout ("val") and test splits; texts read as split_outputs reads them, images as the model sees them."""
+    holdout ("val") and test splits; texts read as split_outputs reads them, images as the model sees them
+    (recipe: the training subset with its photometric copies)."""
     cfg = model.cfg
     if dataset == "fashion":
-        train = load_task(dataset, "train", cfg)
-        idx = torch.randperm(len(train), generator=torch.Generator().manual_seed(0))[:IMAGE_FIT_LIMIT]
-        train = type(train)(train.images[idx], train.labels[idx], train.mean, train.std, augment=False)
+        train = _image_task(model, "train", recipe)
         return image_input_scores(train, load_task(dataset, "val", cfg), load_task(dataset, "test", cfg))
     raws = {
         p: [t.encode("utf-8")[: cfg.max_length] for t in text_docs(dataset, p)[0]] for p in ("train", "val", "test")
@@ -195,20 +229,39 @@ def serving_sections(
     return ood, calibration, ood_section
 
 
-def finalize(model_dir: Path, plot_dir: Path | None = None) -> dict[str, Any]:
+def _corrupted_recipe(conf: dict[str, Any], corrupted: tuple[str, ...]) -> Any:
+    unknown = sorted(set(corrupted) - set(CORRUPTED_PARTS))
+    if unknown:
+        raise ValueError(f"unknown corrupted part(s) {unknown}; allowed: {list(CORRUPTED_PARTS)}")
+    recipe = photometric_recipe(conf) if corrupted else None
+    if corrupted and recipe is None:
+        raise ValueError(f"{conf['name']}: --corrupted needs an image model trained with --image-photometric")
+    return recipe
+
+
+def finalize(model_dir: Path, plot_dir: Path | None = None, corrupted: tuple[str, ...] = ()) -> dict[str, Any]:
+    """corrupted: CORRUPTED_PARTS whose fit also sees the images through the model's photometric recipe."""
     conf = load_config(model_dir)
     dataset = conf["data"]["dataset"]
+    recipe = _corrupted_recipe(conf, corrupted)
     model = load_pretrained(model_dir)  # the trained model alone, whatever head the weights already hold
     torch.manual_seed(0)
     random.seed(0)
 
     val = split_outputs(model, dataset, "val")
-    temperature, note = holdout_temperature(val[0], val[2])
-    train = split_outputs(model, dataset, "train", heads=True)
+    fit_val = split_outputs(model, dataset, "val", recipe=recipe) if "temperature" in corrupted else val
+    temperature, note = holdout_temperature(fit_val[0], fit_val[2])
+    ood_recipe = recipe if "ood" in corrupted else None
+    train = split_outputs(model, dataset, "train", heads=True, recipe=ood_recipe)
     test = split_outputs(model, dataset, "test")
     heads = ", documents whole and first 512 / 2,048 bytes" if dataset != "fashion" else ""
-    input_score, s_val, s_test = split_input_scores(model, dataset)
+    heads += ", each also once through the photometric training recipe" if ood_recipe is not None else ""
+    input_score, s_val, s_test = split_input_scores(model, dataset, ood_recipe)
     ood, calibration, ood_section = serving_sections(val, train, test, temperature, heads, note, (s_val, s_test))
+    if "temperature" in corrupted:
+        calibration["fitted_on"] = (
+            f"holdout ({len(val[2])} items) and each once through the photometric training recipe"
+        )
     z_test, _, y_test = test
     serving = ServingModel.wrap(model, temperature, ood, input_score, tuple(ood_section["scales"]))
     weights = model_dir / VERSION / WEIGHTS
@@ -233,11 +286,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("model_dirs", nargs="+", type=Path)
     p.add_argument("--plots", type=Path, default=Path("benchmarks/results"), help="where reliability diagrams go")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument(
+        "--corrupted",
+        nargs="+",
+        default=[],
+        choices=CORRUPTED_PARTS,
+        help="image models trained with --image-photometric: fit these parts also on the images once through that "
+        "recipe (temperature: the holdout; ood: the training subset of the feature and pixel models)",
+    )
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     for d in args.model_dirs:
-        print(json.dumps({"model": str(d), **finalize(d, args.plots)}, indent=2), flush=True)
+        result = finalize(d, args.plots, tuple(args.corrupted))
+        print(json.dumps({"model": str(d), **result}, indent=2), flush=True)
 
 
 if __name__ == "__main__":

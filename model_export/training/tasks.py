@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +54,8 @@ class ImageTask:
     augment: bool = True
     shift: int = 2  # random crop: shifts of up to this many pixels each way
     rotate_deg: float = 0.0  # > 0: also a random rotation of up to this many degrees
+    # brightness, contrast, gamma, blur, noise, JPEG after the geometry (augment_image.ImagePhotometric)
+    photometric: Callable[[Tensor, torch.Generator], Tensor] | None = None
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -67,6 +69,8 @@ class ImageTask:
                 x = _augment_images(x, g, pad=self.shift)
                 if self.rotate_deg > 0:
                     x = _rotate_images(x, g, self.rotate_deg)
+                if self.photometric is not None:
+                    x = self.photometric(x, g)
             yield {"pixel_values": data.normalize_images(x, self.mean, self.std)}, self.labels[idx]
 
     def eval_batches(self, batch_size: int) -> Iterator[Batch]:

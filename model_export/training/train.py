@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm import tqdm
 
-from lara_serve.model_export.models.hub import make_config_dict, save_pretrained
+from lara_serve.model_export.models.hub import LIGHT_ON_BLACK, make_config_dict, save_pretrained
 from lara_serve.model_export.models.layers import Attention, layer_seed
 from lara_serve.model_export.models.registry import DATASETS, LABELS, build_model, get_config
 from lara_serve.model_export.training.distill import HEAD_FIT, fit_teacher, soft_cross_entropy
@@ -165,6 +165,37 @@ def _text_augment(args: argparse.Namespace, task: Any) -> dict[str, Any] | None:
     }
 
 
+def _image_photometric(args: argparse.Namespace, task: Any) -> dict[str, Any] | None:
+    """With --image-photometric, attach an ImagePhotometric to the image task; returns its settings."""
+    if args.image_photometric is None:
+        return None
+    if not hasattr(task, "photometric"):
+        raise SystemExit("--image-photometric is for image models")
+    if args.no_augment:
+        raise SystemExit("--image-photometric is training augmentation: it cannot go with --no-augment")
+    from lara_serve.model_export.training.augment_image import ImagePhotometric
+
+    try:
+        task.photometric = ImagePhotometric.from_json(args.image_photometric)
+    except (TypeError, ValueError) as exc:  # JSONDecodeError is a ValueError
+        raise SystemExit(f"--image-photometric: {exc}") from None
+    return task.photometric.settings()
+
+
+def _photometric_eval(model: nn.Module, val_task: Any, photometric: dict[str, Any] | None) -> dict[str, Any]:
+    """Holdout accuracy under fixed corruptions (augment_image.holdout_corruptions), for --image-photometric
+    runs: the photometric half of choosing a checkpoint, never t10k."""
+    if photometric is None:
+        return {}
+    from lara_serve.model_export.training.augment_image import holdout_corruptions
+
+    out = {}
+    for name, images in holdout_corruptions(val_task.images).items():
+        acc = evaluate_task(model, dataclasses.replace(val_task, images=images))["accuracy"]
+        out[f"val_acc_{name}"] = round(acc, 4)
+    return out
+
+
 def _splits(args: argparse.Namespace) -> tuple[str, str, str]:
     """(train, per-epoch validation, test) split names. With --fold K/N the held-out fold is both
     validation and test: nothing is selected by it (training runs its budget; the last weights are kept)."""
@@ -224,6 +255,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-augment", action="store_true", help="images: no random crop / flip")
     p.add_argument("--image-shift", type=int, default=None, help="images: random shifts of up to N pixels (default 2)")
     p.add_argument("--image-rotate", type=float, default=None, help="images: random rotations of up to N degrees")
+    p.add_argument(
+        "--image-photometric",
+        nargs="?",
+        const="{}",
+        default=None,
+        help="images: brightness, contrast, gamma, blur, noise and JPEG per training image "
+        "(lara_serve.model_export.training.augment_image.ImagePhotometric), optionally with JSON overrides of "
+        'its probabilities and ranges, e.g. \'{"contrast_prob": 0.4, "contrast": [0.3, 1.0]}\'',
+    )
     p.add_argument("--label-smoothing", type=float, default=None)
     p.add_argument(
         "--pool-lr-mult", type=float, default=1.0, help="attention pooling: its scores' lr is the base lr times this"
@@ -286,6 +326,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             if not hasattr(train_task, attr):
                 raise SystemExit(f"--{flag.replace('_', '-')} is for image models")
             setattr(train_task, attr, getattr(args, flag))
+    photometric = _image_photometric(args, train_task)
     text_augment = _text_augment(args, train_task)
     distill = _distill_settings(args, train_task, len(LABELS[args.model]))
     if getattr(model, "tfidf", None) is not None:  # the wide path's idf: from whole training documents only
@@ -372,6 +413,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                 "val_acc": val["accuracy"],
                 "train_time_s": state["train_time_s"],
                 **_length_eval(model, dataset, args),
+                **_photometric_eval(model, val_task, photometric),
             }
         )
         print(json.dumps(state["history"][-1]), flush=True)
@@ -392,6 +434,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         out.name,
         cfg,
         LABELS[args.model],
+        preparation=LIGHT_ON_BLACK if dataset == "fashion" else None,  # Fashion-MNIST's convention, kept on retraining
         seed=args.seed,
         data={"dataset": dataset, "split": DATA_DESCRIPTION[dataset]},
         training={
@@ -405,7 +448,11 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             "time_budget_min": args.time_budget,
             "clock": args.clock,
             "augment": dataset == "fashion" and not args.no_augment,
-            "image_augment": {"shift": train_task.shift, "rotate_deg": train_task.rotate_deg}
+            "image_augment": {
+                "shift": train_task.shift,
+                "rotate_deg": train_task.rotate_deg,
+                "photometric": photometric,
+            }
             if dataset == "fashion" and not args.no_augment
             else None,
             "threads": torch.get_num_threads(),
