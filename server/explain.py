@@ -93,16 +93,28 @@ def _forced_cuts(doc: bytes, target: int) -> list[int]:
 
 
 def document_bytes(item: Item, prep: TextPreprocessing) -> bytes:
-    """The bytes the model reads for a text item (after truncation): its ids less the byte offset."""
+    """The bytes the model reads for a text item (after truncation): its ids less the byte offset, or the text
+    a word-piece item keeps."""
+    if item.text is not None:
+        return item.text
     return (np.clip(item.arrays[IDS] - prep.byte_offset, 0, 255)).astype(np.uint8).tobytes()
 
 
 def without(item: Item, passage: Passage) -> Item:
     """The item with the passage's positions removed (what :predict gets for the text without it): one copy
     of each array, no index array."""
-    arrays = {k: np.concatenate((item.arrays[k][: passage.start], item.arrays[k][passage.end :])) for k in (IDS, MASK)}
-    length = item.length - (passage.end - passage.start)
-    return Item(arrays, length=length, truncated=item.truncated)
+    start, end = positions(item, passage)
+    arrays = {k: np.concatenate((item.arrays[k][:start], item.arrays[k][end:])) for k in (IDS, MASK)}
+    return Item(arrays, length=item.length - (end - start), truncated=item.truncated)
+
+
+def positions(item: Item, passage: Passage) -> tuple[int, int]:
+    """The positions [start, end) a passage's bytes occupy: the same numbers for a byte model, the word pieces
+    that start inside it for a word-piece model ([CLS] and [SEP] are never inside a passage)."""
+    if item.piece_starts is None:
+        return passage.start, passage.end
+    starts = item.piece_starts
+    return int(np.searchsorted(starts, passage.start)), int(np.searchsorted(starts, passage.end))
 
 
 @dataclass(frozen=True)

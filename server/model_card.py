@@ -41,6 +41,16 @@ def preprocessing(model: ServedModel) -> dict[str, Any]:
     Flat keys, so Triton's string-valued config parameters carry each one alone (`parameters.mean`).
     """
     prep = model.config.preprocessing
+    if isinstance(prep, TextPreprocessing) and prep.kind == "wordpiece":
+        return {
+            "preprocessing": "input_ids = [CLS] + the word pieces of the UTF-8 text (tokenizer.json in the model "
+            "folder, Hugging Face tokenizers) + [SEP], attention_mask = 1; pad with pad_id (mask 0); more than "
+            f"max_length pieces: 413 unless truncate= one of {list(TRUNCATION_SIDES)}",
+            "tokenizer": "tokenizer.json",
+            "pad_id": prep.pad_id,
+            "max_length": prep.max_length,
+            "truncation_sides": list(TRUNCATION_SIDES),
+        }
     if isinstance(prep, TextPreprocessing):
         return {
             "preprocessing": f"input_ids = UTF-8 bytes + byte_offset, attention_mask = 1; pad with pad_id "
@@ -120,7 +130,7 @@ def describe(model: ServedModel) -> dict[str, Any]:
     card.update(preprocessing(model))
     if isinstance(prep, TextPreprocessing):
         card["max_length"] = prep.max_length
-        card["length_unit"] = "UTF-8 bytes"
+        card["length_unit"] = "word pieces" if prep.kind == "wordpiece" else "UTF-8 bytes"
         card["truncation_sides"] = list(TRUNCATION_SIDES)
         card["suited_inputs"] = _SUITS["text"]
         card["explain"] = {"v1": ":explain", "v2_parameter": "explain", "method": "occlusion",

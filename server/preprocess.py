@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import codecs
 import ctypes
+import functools
 import io
 import threading
 import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageOps
@@ -30,6 +32,11 @@ class Item:
     arrays: dict[str, np.ndarray]  # input name -> array without batch axis: [L] for text, [C, H, W]
     length: int  # cost unit of the batcher: tokens for text, 1 for an image
     truncated: bool = False  # text only: the input was longer than max_length and was cut
+    # Word-piece texts only (a byte model's positions are its bytes): the UTF-8 text the model read (after
+    # truncation) and the byte offset in it where each position starts ([CLS] -1, [SEP] len + 1), so that
+    # :explain can map a passage's bytes to the positions it removes.
+    text: bytes | None = None
+    piece_starts: np.ndarray | None = None
 
 
 # -- text ----------------------------------------------------------------------------------------------
@@ -40,9 +47,17 @@ TRUNCATION_SIDES = ("head", "tail", "head+tail")
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no", "")
 
 
-def truncation_side(value: object) -> str | None:
-    """A request's `truncate` (bool, or "head" | "tail" | "head+tail", or a query string) -> side or None."""
-    if isinstance(value, bool) or value is None:
+def truncation_side(*values: object, default: str | None = None) -> str | None:
+    """A request's `truncate` values (bool, or "head" | "tail" | "head+tail", or a query string; a body's
+    before a query's) -> the first side asked for, else None (413 when too long). `default` (the model's
+    config.json preprocessing.truncate) applies only when the request sets none of them: an explicit false
+    keeps the 413."""
+    sides = [_side(v) for v in values if v is not None]
+    return next((s for s in sides if s is not None), None) if sides else default
+
+
+def _side(value: object) -> str | None:
+    if isinstance(value, bool):
         return "head" if value else None
     if isinstance(value, str):
         v = value.strip().lower().replace(" ", "+")  # an unescaped "+" in a query string arrives as a space
@@ -81,12 +96,72 @@ def text_item(data: bytes, prep: TextPreprocessing, truncate: str | None) -> Ite
     _check_utf8(data)
     if not data:
         raise invalid("text must not be empty")
+    if prep.kind == "wordpiece":
+        return _wordpiece_item(data, prep, truncate)
     if len(data) > prep.max_length and truncate is None:
         raise _too_long("text", len(data), prep.max_length)
     # Cut the bytes, then widen: a 16 MB text costs max_length int64s, not 128 MB of them.
     kept_bytes = cut(np.frombuffer(data, dtype=np.uint8), prep.max_length, truncate or "head")  # [L]
     kept = kept_bytes.astype(np.int64) + prep.byte_offset  # the byte model reads bytes: a cut mid-character is fine
     return Item({IDS: kept, MASK: np.ones_like(kept)}, length=len(kept), truncated=len(kept) < len(data))
+
+
+@functools.lru_cache(maxsize=16)
+def wordpiece_tokenizer(path: str) -> Any:
+    """A tokenizers.Tokenizer from a model folder's file, loaded once; its own padding and truncation are
+    switched off (the batcher pads, and a long text is the server's to refuse or cut)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(path)
+    tok.no_truncation()
+    tok.no_padding()
+    return tok
+
+
+def _wordpiece_item(data: bytes, prep: TextPreprocessing, truncate: str | None) -> Item:
+    """[CLS] + the text's word pieces + [SEP]; more than max_length pieces is 413 unless truncation is asked
+    (then the pieces are cut as the bytes of a byte model are, the special pieces kept)."""
+    assert prep.tokenizer is not None  # read_config checks it
+    tok = wordpiece_tokenizer(prep.tokenizer)
+    text = data.decode("utf-8")
+    enc = tok.encode(text, add_special_tokens=False)
+    pieces = np.asarray(enc.ids, dtype=np.int64)
+    if not len(pieces):
+        raise invalid("text has no word pieces (only spaces or control characters)")
+    if len(pieces) + 2 > prep.max_length and truncate is None:
+        raise _too_long("text", len(pieces) + 2, prep.max_length)
+    keep = cut(np.arange(len(pieces)), prep.max_length - 2, truncate or "head")  # [K] piece indices
+    doc, starts = _kept_text(data, *_byte_spans(data, text, enc.offsets), keep)
+    ids = np.concatenate(([tok.token_to_id("[CLS]")], pieces[keep], [tok.token_to_id("[SEP]")])).astype(np.int64)
+    starts = np.concatenate(([-1], starts, [len(doc) + 1]))
+    return Item({IDS: ids, MASK: np.ones_like(ids)}, len(ids), len(keep) < len(pieces), text=doc, piece_starts=starts)
+
+
+def _byte_spans(data: bytes, text: str, offsets: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """The tokenizer's character offsets as UTF-8 byte offsets ([P] starts, [P] ends)."""
+    chars = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+    if data.isascii():
+        return chars[:, 0], chars[:, 1]
+    code = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    width = 1 + (code >= 0x80).astype(np.int64) + (code >= 0x800) + (code >= 0x10000)  # UTF-8 bytes per char
+    at = np.concatenate(([0], np.cumsum(width)))  # byte offset of each character, and the end
+    return at[chars[:, 0]], at[chars[:, 1]]
+
+
+def _kept_text(data: bytes, starts: np.ndarray, ends: np.ndarray, keep: np.ndarray) -> tuple[bytes, np.ndarray]:
+    """The bytes the kept pieces cover (one or two stretches: head, tail, or head+tail) and each kept piece's
+    start in them. A whole text is its own bytes."""
+    if len(keep) == len(starts):
+        return data, starts
+    breaks = np.flatnonzero(np.diff(keep) > 1) + 1
+    doc, out, at = b"", [], 0
+    for seg in np.split(keep, breaks):
+        lo = 0 if seg[0] == 0 else int(starts[seg[0]])
+        hi = len(data) if seg[-1] == len(starts) - 1 else int(ends[seg[-1]])
+        doc += data[lo:hi]
+        out.append(starts[seg] - lo + at)
+        at += hi - lo
+    return doc, np.concatenate(out)
 
 
 _UTF8_CHUNK = 1 << 20

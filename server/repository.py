@@ -38,10 +38,16 @@ class TensorSpec(BaseModel):
 class TextPreprocessing(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
-    kind: Literal["bytes"]
+    # "bytes": ids are UTF-8 bytes + byte_offset; "wordpiece": the model folder's `tokenizer` file (Hugging
+    # Face tokenizers JSON) gives [CLS] + pieces + [SEP], and max_length counts pieces.
+    kind: Literal["bytes", "wordpiece"]
     max_length: int = Field(gt=0, le=MAX_TEXT_LENGTH)
     pad_id: int = 0
     byte_offset: int = 1
+    tokenizer: str | None = None  # wordpiece: a file in the model folder; read_config makes it absolute
+    # What a text over max_length keeps when the request does not say (`lara train` writes "head" for a
+    # model trained on documents cut so); false, the default, answers 413 as before.
+    truncate: Literal[False, "head", "tail", "head+tail"] = False
 
 
 class ImagePreprocessing(BaseModel):
@@ -137,11 +143,26 @@ def read_config(model_dir: Path, root: Path | None = None) -> ModelConfig:
         raise RepositoryError(f"{path}: unusable model config: {failed}") from None
     except (OSError, ValueError) as exc:  # json's messages give a position, never the text
         raise RepositoryError(f"{path}: unusable model config: {type(exc).__name__}: {exc}") from None
-    expected = {"text": "bytes", "image": "image"}[config.task]
-    if config.preprocessing.kind != expected:
-        raise RepositoryError(f"{path}: task {config.task!r} needs preprocessing kind {expected!r}")
+    expected = {"text": ("bytes", "wordpiece"), "image": ("image",)}[config.task]
+    if config.preprocessing.kind not in expected:
+        raise RepositoryError(f"{path}: task {config.task!r} needs preprocessing kind {' or '.join(expected)}")
     _check_ood(path, config)
-    return config
+    return _with_tokenizer(path, config)
+
+
+def _with_tokenizer(path: Path, config: ModelConfig) -> ModelConfig:
+    """A wordpiece model's tokenizer file, confined to its folder and made absolute (the server loads it once)."""
+    prep = config.preprocessing
+    if not isinstance(prep, TextPreprocessing) or prep.kind != "wordpiece":
+        return config
+    if not prep.tokenizer or "/" in prep.tokenizer or prep.tokenizer in (".", ".."):
+        raise RepositoryError(
+            f"{path}: preprocessing kind 'wordpiece' needs `tokenizer`, a file name in the model folder"
+        )
+    file = confined(path.parent, path.parent / prep.tokenizer)
+    if not file.is_file():
+        raise RepositoryError(f"{path}: the tokenizer file {prep.tokenizer!r} is not in {path.parent}")
+    return config.model_copy(update={"preprocessing": prep.model_copy(update={"tokenizer": str(file)})})
 
 
 def _check_ood(path: Path, config: ModelConfig) -> None:

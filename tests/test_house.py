@@ -29,7 +29,7 @@ ROOMS_MAY_IMPORT = {
     "models": set(),
     "export": {"models"},
     "training": {"models"},
-    "pretrained": {"models", "training"},
+    "pretrained": {"models", "training", "export", "head"},
     "head": {"models", "training", "export"},
     "your_data": {"models", "training", "export", "head", "pretrained"},
 }

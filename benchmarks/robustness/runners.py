@@ -76,19 +76,39 @@ class OnnxText(OnnxModel):
         return int(self.config["preprocessing"]["max_length"])
 
     def __call__(self, raws: Sequence[bytes], batch_size: int = 16) -> Outputs:
-        raws = [r[: self.max_length] or b" " for r in raws]  # an empty document has no tokens: one space
+        if self.config["preprocessing"]["kind"] == "wordpiece":
+            seqs = self._word_pieces(raws)
+        else:  # bytes + 1, head-truncated; an empty document has no tokens: one space
+            seqs = [np.frombuffer(r[: self.max_length] or b" ", dtype=np.uint8).astype(np.int64) + 1 for r in raws]
 
         def batches() -> Any:
-            for idx in length_groups(raws, batch_size):
-                n = max(len(raws[i]) for i in idx)
+            for idx in length_groups(seqs, batch_size):
+                n = max(len(seqs[i]) for i in idx)
                 ids = np.zeros((len(idx), n), dtype=np.int64)
                 mask = np.zeros((len(idx), n), dtype=np.int64)
                 for row, i in enumerate(idx):
-                    ids[row, : len(raws[i])] = np.frombuffer(raws[i], dtype=np.uint8).astype(np.int64) + 1
-                    mask[row, : len(raws[i])] = 1
+                    ids[row, : len(seqs[i])] = seqs[i]
+                    mask[row, : len(seqs[i])] = 1
                 yield idx, self._run({"input_ids": ids, "attention_mask": mask})
 
         return self._collect(len(raws), batches())
+
+    def _word_pieces(self, raws: Sequence[bytes]) -> list[np.ndarray]:
+        """A word-piece model reads what the server gives it (server.preprocess.text_item, head-truncated);
+        bytes that are not UTF-8 are replaced first, and a text without pieces is [CLS] [SEP]."""
+        from lara_serve.server.errors import ServeError
+        from lara_serve.server.preprocess import IDS, text_item, wordpiece_tokenizer
+        from lara_serve.server.repository import read_config
+
+        prep = read_config(REPOSITORY / self.name).preprocessing
+        tok = wordpiece_tokenizer(prep.tokenizer)
+        seqs = []
+        for raw in raws:
+            try:
+                seqs.append(text_item(raw.decode("utf-8", "replace").encode(), prep, "head").arrays[IDS])
+            except ServeError:  # empty, or only spaces and control characters
+                seqs.append(np.array([tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")], dtype=np.int64))
+        return seqs
 
 
 class OnnxImage(OnnxModel):

@@ -5,7 +5,8 @@
 reads `model_repository/<name>/config.json` + `1/model.safetensors` (the PyTorch artifact written by
 training, never rewritten here), writes `1/model.onnx` and adds an "export" section to config.json
 (opset, versions, parity measured against PyTorch eager). `--random-init` builds the registered model
-with random weights when no trained artifact exists (then it writes the PyTorch artifact too).
+with random weights when no trained artifact exists (then it writes the PyTorch artifact too). A text model's
+sliced program for long documents (`1/sliced/`) is written by `python -m lara_serve.model_export.export.sliced`.
 
 Checks on every export: `onnx.checker` full check; exactly one LaraAttention node per LARA layer (the
 export fails rather than ship a decomposed graph); onnxruntime vs PyTorch eager logits at several batch
@@ -29,8 +30,10 @@ import torch
 from torch import nn
 
 from lara_serve.kernels import onnx_export
-from lara_serve.model_export.models.config import ModelConfig, TextConfig, ViTConfig
+from lara_serve.model_export.models.bert_lara import LaraMixer
+from lara_serve.model_export.models.config import BertTextConfig, ModelConfig, TextConfig, ViTConfig
 from lara_serve.model_export.models.hub import (
+    LIGHT_ON_BLACK,
     VERSION,
     WEIGHTS,
     load_config,
@@ -73,7 +76,8 @@ def default_cases(cfg: ModelConfig) -> list[ParityCase]:
 
 def lara_layer_count(model: nn.Module) -> int:
     """LARA attention layers in `model`: each must become exactly one LaraAttention node."""
-    return sum(1 for m in model.modules() if isinstance(m, Attention) and m.cfg.kind == "lara")
+    layers = sum(1 for m in model.modules() if isinstance(m, Attention) and m.cfg.kind == "lara")
+    return layers + sum(1 for m in model.modules() if isinstance(m, LaraMixer))  # a converted BERT's layers
 
 
 def input_names(cfg: ModelConfig) -> list[str]:
@@ -108,7 +112,7 @@ def export_onnx(model: nn.Module, cfg: ModelConfig, path: str | Path, max_length
 
     Dynamic axes: batch (any size) and, for text, sequence (1..max_length, default cfg.max_length).
     """
-    if isinstance(cfg, TextConfig) and max_length is not None and max_length < 1:
+    if isinstance(cfg, TextConfig | BertTextConfig) and max_length is not None and max_length < 1:
         raise ValueError(f"max_length must be >= 1, got {max_length}")
     model = model.eval()
     example = make_inputs(cfg, ParityCase(EXPORT_BATCH, EXPORT_SEQ))
@@ -125,10 +129,42 @@ def export_onnx(model: nn.Module, cfg: ModelConfig, path: str | Path, max_length
             custom_translation_table=onnx_export.custom_translation_table(),
             verbose=False,
         )
-    proto = strip_debug_metadata(onnx_export.attach_lara_function(program.model_proto))
+    proto = half_storage(strip_debug_metadata(onnx_export.attach_lara_function(program.model_proto)))
     check_graph(proto, expected_lara_nodes=lara_layer_count(model))
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     onnx.save(proto, str(path))
+    return proto
+
+
+HALF_MIN_ELEMENTS = 1 << 16
+
+
+def half_storage(proto: onnx.ModelProto, min_elements: int = HALF_MIN_ELEMENTS) -> onnx.ModelProto:
+    """Float32 initializers of at least min_elements values that float16 holds exactly (a model whose weights
+    were rounded to float16 before export, e.g. the converted MiniLM) are stored as float16 and widened by a
+    Cast at the top of the graph: the file halves, the values the graph computes with are the same bits.
+    Weights trained in float32 are almost never exact in float16 and stay as they are."""
+    from onnx import helper, numpy_helper
+
+    graph = proto.graph
+    kept, casts = [], []
+    for init in graph.initializer:
+        if init.data_type != onnx.TensorProto.FLOAT or np.prod(init.dims, dtype=np.int64) < min_elements:
+            kept.append(init)
+            continue
+        values = numpy_helper.to_array(init)
+        half = values.astype(np.float16)
+        if not np.array_equal(half.astype(np.float32), values):
+            kept.append(init)
+            continue
+        kept.append(numpy_helper.from_array(half, init.name + "__float16"))
+        casts.append(helper.make_node("Cast", [init.name + "__float16"], [init.name], to=onnx.TensorProto.FLOAT))
+    if casts:
+        del graph.initializer[:]
+        graph.initializer.extend(kept)
+        nodes = list(graph.node)
+        del graph.node[:]
+        graph.node.extend(casts + nodes)
     return proto
 
 
@@ -236,7 +272,7 @@ def export_model_dir(
     "export" key changes. With random_init and no artifact, the registered model `name` is built with
     random weights and saved first, so the directory holds a consistent torch + ONNX pair.
     """
-    from lara_serve.model_export.models.registry import LABELS, get_config
+    from lara_serve.model_export.models.registry import DATASETS, LABELS, get_config
     from lara_serve.model_export.models.registry import build_model as build
 
     model_dir = Path(model_dir)
@@ -245,9 +281,10 @@ def export_model_dir(
         if not random_init:
             raise FileNotFoundError(f"{weights} not found: train first, or pass --random-init")
         cfg0 = get_config(name or model_dir.name)
+        prep = LIGHT_ON_BLACK if DATASETS[name or model_dir.name] == "fashion" else None  # as training writes it
         save_pretrained(
             build(cfg0, seed=0).eval(),
-            make_config_dict(model_dir.name, cfg0, LABELS[name or model_dir.name], seed=0),
+            make_config_dict(model_dir.name, cfg0, LABELS[name or model_dir.name], preparation=prep, seed=0),
             model_dir,
         )
     model = load_pretrained(model_dir, serving=True)
@@ -268,7 +305,7 @@ def export_model_dir(
         "input_names": input_names(cfg),
         "output_names": list(output_names(model)),
         "dynamic_axes": {n: (["batch"] if n == "pixel_values" else ["batch", "sequence"]) for n in input_names(cfg)},
-        "max_length": (max_length or cfg.max_length) if isinstance(cfg, TextConfig) else None,
+        "max_length": (max_length or cfg.max_length) if isinstance(cfg, TextConfig | BertTextConfig) else None,
         "size_bytes": path.stat().st_size,
         "versions": _versions(),
         "parity": {

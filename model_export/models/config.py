@@ -116,7 +116,37 @@ class TextConfig:
             raise ValueError(f"passage_bytes must be at least 1, got {self.passage_bytes}")
 
 
-ModelConfig = ViTConfig | TextConfig
+@dataclass(frozen=True)
+class BertTextConfig:
+    """A pretrained word-piece BERT read through LARA in every layer (lara_serve.model_export.models.bert_lara):
+    its shape (all-MiniLM-L6-v2's by default), the conversion's settings, and a linear head on the unit-length
+    masked-mean embedding. The server tokenizes with the model folder's tokenizer.json (preprocessing kind
+    "wordpiece"); max_length counts word pieces, [CLS] and [SEP] included."""
+
+    arch: str = "bert_lara"
+    vocab_size: int = 30522
+    dim: int = 384
+    depth: int = 6
+    heads: int = 12
+    mlp_dim: int = 1536
+    max_positions: int = 512  # the teacher's learned rows; read periodically (row n mod 512) past them
+    type_vocab_size: int = 2
+    norm_eps: float = 1e-12
+    max_length: int = 65536
+    # the student's landmark module (StudentConfig.landmark_module): "residual" is not one of AttentionConfig's
+    landmark_module: Literal["none", "residual", "light"] = "residual"
+    num_classes: int = 5
+    attention: AttentionConfig = field(
+        default_factory=lambda: AttentionConfig(kind="lara", num_landmarks=64, landmark_module="none")
+    )
+
+    def __post_init__(self) -> None:
+        _one_of("landmark_module", self.landmark_module, ("none", "residual", "light"))
+        if self.attention.kind != "lara":
+            raise ValueError(f"a bert_lara model reads through LARA; attention kind {self.attention.kind!r} given")
+
+
+ModelConfig = ViTConfig | TextConfig | BertTextConfig
 
 
 def config_to_dict(cfg: ModelConfig) -> dict[str, Any]:
@@ -131,9 +161,9 @@ def config_to_dict(cfg: ModelConfig) -> dict[str, Any]:
 def config_from_dict(model: dict[str, Any], attention: dict[str, Any]) -> ModelConfig:
     """Inverse of `config_to_dict`; unknown keys are an error so stale configs fail loudly."""
     arch = model.get("arch")
-    cls = {"vit": ViTConfig, "text": TextConfig}.get(arch)
+    cls = {"vit": ViTConfig, "text": TextConfig, "bert_lara": BertTextConfig}.get(arch)
     if cls is None:
-        raise ValueError(f"unknown model arch {arch!r}; expected 'vit' or 'text'")
+        raise ValueError(f"unknown model arch {arch!r}; expected 'vit', 'text' or 'bert_lara'")
     kw = dict(model)
     if "ngram_orders" in kw:
         kw["ngram_orders"] = tuple(kw["ngram_orders"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -10,14 +11,36 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from lara_serve.model_export.models.config import ModelConfig, TextConfig, ViTConfig, config_from_dict, config_to_dict
+from lara_serve.model_export.models.config import (
+    BertTextConfig,
+    ModelConfig,
+    TextConfig,
+    ViTConfig,
+    config_from_dict,
+    config_to_dict,
+)
+
+TOKENIZER_FILE = "tokenizer.json"  # a wordpiece model's tokenizer (Hugging Face tokenizers), beside config.json
 
 VERSION = "1"
 WEIGHTS = "model.safetensors"
+# How the server prepares a user's picture into a training convention (server.preprocess.prepare_image reads
+# these keys of "preprocessing"; each is off when absent). Fashion-MNIST's convention: a light garment centred
+# on black. Not a default of every ViT: a model trained on the user's own photos keeps its pictures as sent.
+PREPARATION_KEYS = ("background", "composite_alpha", "invert_light_background", "keep_aspect_ratio", "trim_margins")
+LIGHT_ON_BLACK: dict[str, Any] = {
+    "background": 0,
+    "composite_alpha": True,
+    "invert_light_background": True,
+    "keep_aspect_ratio": True,
+    "trim_margins": True,
+}
 
 
-def model_io_spec(cfg: ModelConfig) -> dict[str, Any]:
-    """The "inputs", "outputs" and "preprocessing" sections of config.json for a model config."""
+def model_io_spec(cfg: ModelConfig, preparation: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The "inputs", "outputs" and "preprocessing" sections of config.json for a model config.
+
+    preparation: image models, the PREPARATION_KEYS written into "preprocessing" (e.g. LIGHT_ON_BLACK)."""
     n = cfg.num_classes
     outputs = [{"name": "logits", "datatype": "FP32", "shape": [-1, n]}]
     if isinstance(cfg, ViTConfig):
@@ -33,29 +56,44 @@ def model_io_spec(cfg: ModelConfig) -> dict[str, Any]:
                 "channels": c,
                 "mean": cfg.mean,
                 "std": cfg.std,
+                **_preparation(preparation),
             },
         }
+    if preparation:
+        raise ValueError("preparation keys are for image models")
+    if isinstance(cfg, BertTextConfig):
+        pre = {"kind": "wordpiece", "max_length": cfg.max_length, "pad_id": 0, "tokenizer": TOKENIZER_FILE}
+        return {"task": "text", "inputs": _text_inputs(), "outputs": outputs, "preprocessing": pre}
     if isinstance(cfg, TextConfig):
         pre = {"kind": "bytes", "max_length": cfg.max_length, "pad_id": 0, "byte_offset": 1}
         if cfg.vocab_size != 257:
             pre = {"kind": "tokens", "max_length": cfg.max_length, "pad_id": 0, "vocab_size": cfg.vocab_size}
-        return {
-            "task": "text",
-            "inputs": [
-                {"name": "input_ids", "datatype": "INT64", "shape": [-1, -1]},
-                {"name": "attention_mask", "datatype": "INT64", "shape": [-1, -1]},
-            ],
-            "outputs": outputs,
-            "preprocessing": pre,
-        }
+        return {"task": "text", "inputs": _text_inputs(), "outputs": outputs, "preprocessing": pre}
     raise TypeError(f"unsupported config {type(cfg).__name__}")
 
 
-def make_config_dict(name: str, cfg: ModelConfig, labels: list[str], **extra: Any) -> dict[str, Any]:
-    """Full config.json dict: name, version, task, labels, io, model, attention, plus extras (seed, data, metrics)."""
+def _text_inputs() -> list[dict[str, Any]]:
+    return [
+        {"name": "input_ids", "datatype": "INT64", "shape": [-1, -1]},
+        {"name": "attention_mask", "datatype": "INT64", "shape": [-1, -1]},
+    ]
+
+
+def _preparation(preparation: Mapping[str, Any] | None) -> dict[str, Any]:
+    unknown = sorted(set(preparation or {}) - set(PREPARATION_KEYS))
+    if unknown:
+        raise ValueError(f"unknown preparation key(s) {unknown}; allowed: {list(PREPARATION_KEYS)}")
+    return dict(preparation or {})
+
+
+def make_config_dict(
+    name: str, cfg: ModelConfig, labels: list[str], preparation: Mapping[str, Any] | None = None, **extra: Any
+) -> dict[str, Any]:
+    """Full config.json dict: name, version, task, labels, io, model, attention, plus extras (seed, data, metrics).
+    preparation: an image model's PREPARATION_KEYS (model_io_spec)."""
     if len(labels) != cfg.num_classes:
         raise ValueError(f"{len(labels)} labels for {cfg.num_classes} classes")
-    io = model_io_spec(cfg)
+    io = model_io_spec(cfg, preparation)
     d: dict[str, Any] = {"name": name, "version": VERSION, "task": io.pop("task"), "labels": list(labels)}
     d.update(io)
     d["model"] = config_to_dict(cfg)

@@ -7,7 +7,8 @@ from typing import Any
 
 from torch import nn
 
-from lara_serve.model_export.models.config import AttentionConfig, ModelConfig, TextConfig, ViTConfig
+from lara_serve.model_export.models.bert_lara import LaraBertClassifier
+from lara_serve.model_export.models.config import AttentionConfig, BertTextConfig, ModelConfig, TextConfig, ViTConfig
 from lara_serve.model_export.models.text import TextEncoder
 from lara_serve.model_export.models.vit import ViT
 
@@ -38,55 +39,43 @@ _NEWS = TextConfig(
     attention=AttentionConfig(kind="lara", num_landmarks=16),
 )
 
+_VIT = ViTConfig(
+    patch_size=2,
+    stem_channels=32,
+    stem_layers=2,
+    stem_grid_layers=2,
+    mlp_dwconv=True,
+    dim=64,
+    depth=2,
+    heads=2,
+    mlp_ratio=2.0,
+    attention=AttentionConfig(kind="lara", num_landmarks=49),
+)
+
+# What the tiny text model changes of the news architecture (tests and smoke runs).
+_TINY_TEXT: dict[str, Any] = {
+    "max_length": 8192, "dim": 16, "depth": 1, "heads": 2, "mlp_ratio": 1.0, "ngram_buckets": 97, "conv_kernel": 3,
+    "dropout": 0.0, "attention": AttentionConfig(kind="lara", num_landmarks=4),
+}  # fmt: skip
+
 # One row per registered model: its configuration, its labels and the data set it trains on.
 _MODELS: dict[str, tuple[ModelConfig, list[str], str]] = {
-    "lara-vit-fashion": (
-        ViTConfig(
-            patch_size=2,
-            stem_channels=32,
-            stem_layers=2,
-            stem_grid_layers=2,
-            mlp_dwconv=True,
-            dim=64,
-            depth=2,
-            heads=2,
-            mlp_ratio=2.0,
-            attention=AttentionConfig(kind="lara", num_landmarks=49),
-        ),
-        FASHION_LABELS,
-        "fashion",
-    ),
+    "lara-vit-fashion": (_VIT, FASHION_LABELS, "fashion"),
     "lara-text-news": (_NEWS, NEWS_LABELS, "news"),
     # Brown corpus genres, 12-15 KB documents served whole: the news architecture, more dropout, 4 classes.
     "lara-text-genre": (dataclasses.replace(_NEWS, dropout=0.2, num_classes=4), GENRE_LABELS, "brown"),
+    # all-MiniLM-L6-v2 converted to LARA in every layer (model_export/pretrained), a linear head on its embedding
+    "lara-news-minilm": (BertTextConfig(), NEWS_LABELS, "news"),
     # Tiny configurations for tests and smoke runs.
     "tiny-vit": (
-        ViTConfig(
-            patch_size=2,
-            stem_channels=8,
-            stem_layers=1,
-            dim=16,
-            depth=1,
-            heads=2,
-            mlp_ratio=1.0,
-            attention=AttentionConfig(kind="lara", num_landmarks=49),
+        dataclasses.replace(
+            _VIT, stem_channels=8, stem_layers=1, stem_grid_layers=0, mlp_dwconv=False, dim=16, depth=1, mlp_ratio=1.0
         ),
         FASHION_LABELS,
         "fashion",
     ),
     "tiny-text": (
-        TextConfig(
-            max_length=8192,
-            dim=16,
-            depth=1,
-            heads=2,
-            mlp_ratio=1.0,
-            ngram_buckets=97,
-            positions="conv",
-            conv_kernel=3,
-            dropout=0.0,
-            attention=AttentionConfig(kind="lara", num_landmarks=4),
-        ),
+        dataclasses.replace(_NEWS, **_TINY_TEXT),
         NEWS_LABELS,
         "news",
     ),
@@ -120,6 +109,8 @@ def build_model(cfg: ModelConfig, seed: int = 0) -> nn.Module:
         return ViT(cfg, seed=seed)
     if isinstance(cfg, TextConfig):
         return TextEncoder(cfg, seed=seed)
+    if isinstance(cfg, BertTextConfig):
+        return LaraBertClassifier(cfg, seed=seed)
     raise TypeError(f"no model class for config {type(cfg).__name__}")
 
 

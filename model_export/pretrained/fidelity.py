@@ -126,18 +126,10 @@ def add_student_args(p: argparse.ArgumentParser) -> None:
 
 
 def student_config_from(args: argparse.Namespace) -> StudentConfig:
-    return StudentConfig(
-        num_landmarks=args.num_landmarks,
-        landmark_module=args.landmark_module,
-        eval_noise=args.eval_noise,
-        train_noise=args.train_noise,
-        alpha_coeff=args.alpha_coeff,
-        positions=args.positions,
-        max_positions=args.max_positions,
-        lora_rank=args.lora_rank,
-        lora_targets=tuple(args.lora_targets),
-        seed=args.noise_seed,
-    )
+    """The StudentConfig that add_student_args' options describe (same names, but lora_targets and the seed)."""
+    same = ("num_landmarks", "landmark_module", "eval_noise", "train_noise", "alpha_coeff", "positions")
+    given = {name: getattr(args, name) for name in (*same, "max_positions", "lora_rank")}
+    return StudentConfig(**given, lora_targets=tuple(args.lora_targets), seed=args.noise_seed)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -1,0 +1,97 @@
+"""What the pretrained encoder costs: lara-news-minilm against lara-text-news on the same documents, one run.
+
+    python -m benchmarks.pretrained_cost [--lengths 4096,16384,65536] [--repeats 5] [--threads 2]
+
+Documents: same-label composites of BBC test articles cut to each length in bytes
+(lara_serve.model_export.training.long_docs.make_composites, as benchmarks.long_serving uses). Each model runs
+its shipped 1/model.onnx in an onnxruntime session with the fused LaraAttention kernel, one document per
+call, after the server's own preprocessing (server.preprocess.text_item: bytes for the byte model, word
+pieces for the other); the two models alternate document by document so both see the same machine load.
+Reports per length the median seconds per document of each (tokenization included for the word-piece
+model), the ratio minilm / news, and each model's growth from the first length. A length above a model's
+max_length is read head-truncated, as `truncate=head` would (its row says how many tokens were read).
+Writes benchmarks/results/pretrained_cost.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lara_serve.model_export.export.exporter import make_session
+from lara_serve.server.preprocess import IDS, text_item
+from lara_serve.server.repository import read_config
+
+REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"
+OUT = Path(__file__).resolve().parent / "results" / "pretrained_cost.json"
+MODELS = ("lara-text-news", "lara-news-minilm")
+
+
+def documents(length: int, n: int, seed: int) -> list[bytes]:
+    from lara_serve.model_export.training.data import load_news
+    from lara_serve.model_export.training.long_docs import make_composites
+
+    docs = load_news("test")
+    per_class = -(-n // 5)
+    composites = make_composites([d.text for d in docs], [d.label for d in docs], length, per_class, seed=seed)
+    return [c for c, _ in composites[::per_class]][:n] if n <= 5 else [c for c, _ in composites][:n]
+
+
+class Runner:
+    def __init__(self, name: str, threads: int) -> None:
+        self.prep = read_config(REPOSITORY / name).preprocessing
+        self.session = make_session(REPOSITORY / name / "1" / "model.onnx", threads=threads, fused=True)
+
+    def __call__(self, raw: bytes) -> tuple[float, int]:
+        start = time.perf_counter()
+        ids = text_item(raw.decode("utf-8", "ignore").encode(), self.prep, "head").arrays[IDS][None]
+        self.session.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})
+        return time.perf_counter() - start, ids.shape[1]
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--lengths", default="4096,16384,65536")
+    p.add_argument("--repeats", type=int, default=5, help="documents per length (each a different composite)")
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args(argv)
+    lengths = [int(x) for x in args.lengths.split(",")]
+    runners = {name: Runner(name, args.threads) for name in MODELS}
+    for run in runners.values():  # warm-up: arenas and kernels
+        run(b"warm up " * 64)
+    rows = []
+    for length in lengths:
+        times: dict[str, list[float]] = {m: [] for m in MODELS}
+        tokens: dict[str, list[int]] = {m: [] for m in MODELS}
+        for doc in documents(length, args.repeats, seed=length):
+            for name, run in runners.items():
+                t, n = run(doc)
+                times[name].append(t)
+                tokens[name].append(n)
+        row: dict[str, Any] = {"bytes": length}
+        for name in MODELS:
+            row[name] = {"median_s": round(statistics.median(times[name]), 4), "tokens": int(np.median(tokens[name]))}
+        row["ratio_minilm_over_news"] = round(row[MODELS[1]]["median_s"] / row[MODELS[0]]["median_s"], 2)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    for name in MODELS:
+        base = rows[0][name]["median_s"]
+        for row in rows:
+            row[name]["growth_from_first"] = round(row[name]["median_s"] / base, 2)
+    given = sys.argv[1:] if argv is None else argv
+    result = {"command": " ".join(["python -m benchmarks.pretrained_cost", *given]), "threads": args.threads,
+              "repeats": args.repeats, "rows": rows}  # fmt: skip
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,247 @@
+"""LARA inside a pretrained BERT (spec 5): the token mixer, adapters, extended positions, and the served classifier.
+
+What changes against the teacher's exact encoder (`bert.py`), and only that:
+* the token mixer of each layer is `LaraMixer`: chunk-mean landmarks over the valid pieces (spec 5.2, 1-D),
+  an optional landmark module, LARA through `lara_serve.kernels.lara_attention`; eval is deterministic and
+  batch-independent (w = mu, or a fixed seeded noise buffer broadcast over the batch, spec 7);
+* optional low-rank adapters (LoRA, Hu et al. 2021) on the q/k/v projections, zero at the start;
+* positions past the teacher's 512: the learned rows copied end to end (Longformer, Beltagy et al. 2020), as
+  a trainable table ("copy") or indexed modulo 512 ("periodic", no length limit).
+The conversion itself (copying a teacher's weights in, attention transfer) lives in
+`lara_serve.model_export.pretrained`; this module is what the served graph needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from lara_serve import kernels
+from lara_serve.model_export.models.bert import BertConfig, BertEncoder, mean_pool
+from lara_serve.model_export.models.config import BertTextConfig
+from lara_serve.model_export.models.layers import LandmarkModule, layer_seed
+
+LANDMARK_MODULES = ("none", "residual", "light")
+POSITION_SCHEMES = ("copy", "periodic")
+
+
+@dataclass(frozen=True)
+class StudentConfig:
+    """How the teacher is converted; saved with every checkpoint so a student rebuilds from the teacher."""
+
+    num_landmarks: int = 64  # LARA proposals C per head; cost O(C N d), more follows sharper attention
+    # "none": plain chunk means (spec `no-param-pool`); "residual": chunk mean + a per-head Linear started at
+    # zero, so training starts from the zero-shot swap; "light": the project's Linear+LayerNorm (spec 5.2),
+    # its Linear started at identity (the LayerNorm still rescales: zero-shot is not the plain swap).
+    landmark_module: Literal["none", "residual", "light"] = "residual"
+    alpha_coeff: float = 1.0  # lambda of the mis-opt weighting (spec 5.3)
+    eval_noise: Literal["mean", "fixed"] = "mean"  # spec 7: w = mu, or a fixed seeded buffer
+    # "eval": training runs the estimator that is served (the transfer fits that function, not a noisy one);
+    # "fresh": new noise every step from a per-layer generator, as LARA trains from scratch (spec 5.3).
+    train_noise: Literal["eval", "fresh"] = "eval"
+    # "periodic" reads any length at no cost and equals "copy" until positions are trained; "copy" gives each
+    # position its own trainable row (Longformer) up to max_positions.
+    positions: Literal["copy", "periodic"] = "periodic"
+    max_positions: int = 4096  # "copy" only: rows of the copied table (1.5 M values at 4096)
+    lora_rank: int = 8  # 0: no adapters
+    lora_alpha: float = 16.0  # adapter scale alpha / rank, as in the LoRA paper
+    lora_targets: tuple[str, ...] = ("query", "key", "value")
+    seed: int = 0  # eval noise buffers and training noise streams (layer_seed(seed, layer, tag))
+
+    def __post_init__(self) -> None:
+        if self.landmark_module not in LANDMARK_MODULES:
+            raise ValueError(f"landmark_module must be one of {LANDMARK_MODULES}, got {self.landmark_module!r}")
+        if self.positions not in POSITION_SCHEMES:
+            raise ValueError(f"positions must be one of {POSITION_SCHEMES}, got {self.positions!r}")
+        if self.eval_noise not in ("mean", "fixed") or self.train_noise not in ("eval", "fresh"):
+            raise ValueError(f"eval_noise in (mean, fixed), train_noise in (eval, fresh); got {self}")
+        if self.num_landmarks < 1 or self.lora_rank < 0:
+            raise ValueError("num_landmarks must be >= 1 and lora_rank >= 0")
+        if not set(self.lora_targets) <= {"query", "key", "value", "out"}:
+            raise ValueError(f"lora_targets must name query/key/value/out, got {self.lora_targets}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> StudentConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown student config keys {sorted(unknown)}")
+        d = dict(d)
+        if "lora_targets" in d:
+            d["lora_targets"] = tuple(d["lora_targets"])
+        return cls(**d)
+
+
+# ----------------------------------------------------------------------------- LARA token mixer
+class ResidualLandmarks(nn.Module):
+    """x + x W_h + b_h per head, W and b zero at the start: the identity until transfer moves it."""
+
+    def __init__(self, heads: int, head_dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(heads, head_dim, head_dim))
+        self.bias = nn.Parameter(torch.zeros(heads, 1, head_dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + x @ self.weight + self.bias  # [B, H, C, d]
+
+
+def _landmark_module(kind: str, heads: int, head_dim: int) -> nn.Module:
+    if kind == "none":
+        return nn.Identity()
+    if kind == "residual":
+        return ResidualLandmarks(heads, head_dim)
+    light = LandmarkModule(head_dim)
+    with torch.no_grad():  # identity Linear: only the LayerNorm's standardisation is new
+        light.proj.weight.copy_(torch.eye(head_dim))
+        light.proj.bias.zero_()
+    return light
+
+
+class LaraMixer(nn.Module):
+    """LARA over q, k, v [B, H, N, d] with 1-D chunk-mean landmarks of the valid pieces; -> [B, H, N, d]."""
+
+    def __init__(self, heads: int, head_dim: int, cfg: StudentConfig, layer_index: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.q_landmarks = _landmark_module(cfg.landmark_module, heads, head_dim)
+        self.k_landmarks = _landmark_module(cfg.landmark_module, heads, head_dim)
+        self.generator = torch.Generator().manual_seed(layer_seed(cfg.seed, layer_index, "train"))
+        if cfg.eval_noise == "fixed":
+            # spec 7: a persistent buffer (it travels with checkpoints), broadcast over the batch, never
+            # indexed by batch position, so a document's output does not depend on its neighbours.
+            g = torch.Generator().manual_seed(layer_seed(cfg.seed, layer_index, "eval"))
+            self.register_buffer("eval_noise", torch.randn(1, heads, cfg.num_landmarks, head_dim, generator=g))
+
+    def _noise(self, q: Tensor) -> Tensor | None:
+        if self.training and self.cfg.train_noise == "fresh":
+            b, h, _, d = q.shape
+            return torch.randn(b, h, self.cfg.num_landmarks, d, generator=self.generator).to(q)
+        noise = getattr(self, "eval_noise", None)
+        return None if noise is None else noise.to(q)
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, pad: Tensor) -> Tensor:
+        c = self.cfg.num_landmarks
+        # chunk means over valid pieces only: padding never enters a landmark nor moves a chunk boundary
+        ql = self.q_landmarks(kernels.chunk_means_1d(q, c, pad))  # [B, H, C, d]
+        kl = self.k_landmarks(kernels.chunk_means_1d(k, c, pad))  # [B, H, C, d]
+        return kernels.lara_attention(
+            q, k, v, ql, kl, key_padding_mask=pad, alpha_coeff=self.cfg.alpha_coeff, noise=self._noise(q)
+        )  # [B, H, N, d]
+
+
+# ----------------------------------------------------------------------------- adapters and positions
+class LoraLinear(nn.Module):
+    """base(x) + (alpha / r) x A^T B^T with the base frozen; B starts at zero so the layer starts as base."""
+
+    def __init__(self, base: nn.Linear, rank: int, alpha: float) -> None:
+        super().__init__()
+        self.base = base
+        self.scale = alpha / rank
+        self.lora_a = nn.Parameter(torch.empty(rank, base.in_features))
+        self.lora_b = nn.Parameter(torch.zeros(base.out_features, rank))
+        nn.init.kaiming_uniform_(self.lora_a, a=5**0.5)  # as nn.Linear's init (and the LoRA reference code)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.base(x) + (x @ self.lora_a.T @ self.lora_b.T) * self.scale  # [B, N, out]
+
+    def merged(self) -> nn.Linear:
+        """One plain Linear with the adapter folded in (for export: no extra op at inference)."""
+        out = nn.Linear(self.base.in_features, self.base.out_features, device=self.lora_a.device)
+        with torch.no_grad():
+            out.weight.copy_(self.base.weight + self.scale * self.lora_b @ self.lora_a)
+            out.bias.copy_(self.base.bias)
+        return out
+
+
+class ExtendedPositions(nn.Module):
+    """The teacher's learned positions past their length: rows copied end to end (Longformer's start).
+
+    "copy": a trainable [max_positions, D] table, row n = teacher row n mod 512, free to drift in training.
+    "periodic": the teacher's 512 rows indexed by n mod 512: no length limit, no extra values.
+    """
+
+    def __init__(self, teacher_table: Tensor, scheme: str, max_positions: int) -> None:
+        super().__init__()
+        self.period = teacher_table.shape[0]
+        rows = max(max_positions, self.period) if scheme == "copy" else self.period
+        idx = torch.arange(rows) % self.period
+        self.table = nn.Parameter(teacher_table.detach()[idx].clone())
+        self.periodic = scheme == "periodic"
+
+    def forward(self, x: Tensor, pad: Tensor) -> Tensor:
+        n = x.shape[1]
+        if self.periodic:
+            return x + self.table[torch.arange(n, device=x.device) % self.period]  # [B, N, D]
+        if n > self.table.shape[0]:
+            raise ValueError(f"{n} pieces but the copied table has {self.table.shape[0]} rows (raise max_positions)")
+        return x + self.table[:n]  # [B, N, D]
+
+
+# ----------------------------------------------------------------------------- building the student
+def build_student(bert: BertConfig, cfg: StudentConfig) -> BertEncoder:
+    """The student's skeleton (random teacher weights); `student_from_teacher` fills them."""
+    model = BertEncoder(bert, mixer=lambda i: LaraMixer(bert.heads, bert.head_dim, cfg, i))
+    model.student_cfg = cfg
+    return model
+
+
+# ----------------------------------------------------------------------------- the served classifier
+def bert_shape(cfg: BertTextConfig) -> BertConfig:
+    """The encoder's shape from a served config (the fields the two share; pad_id is the tokenizer's)."""
+    shared = {f.name for f in dataclasses.fields(BertConfig)} - {"pad_id"}
+    return BertConfig(**{name: getattr(cfg, name) for name in shared})
+
+
+def student_config(cfg: BertTextConfig, seed: int = 0) -> StudentConfig:
+    """The conversion a served config describes: adapters already folded in, periodic positions."""
+    att = cfg.attention
+    lara = {"num_landmarks": att.num_landmarks, "alpha_coeff": att.alpha_coeff, "eval_noise": att.eval_noise}
+    return StudentConfig(**lara, landmark_module=cfg.landmark_module, positions="periodic", lora_rank=0, seed=seed)
+
+
+class LaraBertClassifier(nn.Module):
+    """forward(input_ids [B, N], attention_mask [B, N]) -> logits [B, C]: the LARA student reading the whole
+    document in one pass, its unit-length masked-mean embedding (the teacher's sentence embedding), a Linear.
+
+    It has the byte encoder's readout interface (forward_features, forward_pooled, forward_readout), so the
+    serving head (calibration temperature, ood_score) and the ONNX export wrap it unchanged."""
+
+    def __init__(self, cfg: BertTextConfig, seed: int = 0) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.encoder = build_student(bert_shape(cfg), student_config(cfg, seed))
+        table = torch.zeros(cfg.max_positions, cfg.dim)  # filled by load_state_dict
+        self.encoder.embeddings.positions = ExtendedPositions(table, "periodic", cfg.max_positions)
+        self.head = nn.Linear(cfg.dim, cfg.num_classes)
+
+    def forward_features(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        return self.encoder(input_ids, attention_mask)  # [B, N, D]
+
+    def forward_pooled(self, x: Tensor, attention_mask: Tensor) -> Tensor:
+        return mean_pool(x, attention_mask)  # [B, D], unit length
+
+    def forward_readout(self, x: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+        pooled = self.forward_pooled(x, attention_mask)
+        return self.head(pooled), pooled  # [B, C], [B, D]
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        return self.forward_readout(self.forward_features(input_ids, attention_mask), attention_mask)[0]
+
+    @classmethod
+    def from_encoder(
+        cls, cfg: BertTextConfig, encoder: BertEncoder, weight: Tensor, bias: Tensor, seed: int = 0
+    ) -> LaraBertClassifier:
+        """A classifier from a converted encoder whose adapters are merged, and a head (weight [C, D], bias [C])."""
+        model = cls(cfg, seed)
+        model.encoder.load_state_dict(encoder.state_dict(), strict=True)
+        with torch.no_grad():
+            model.head.weight.copy_(weight)
+            model.head.bias.copy_(bias)
+        return model.eval()

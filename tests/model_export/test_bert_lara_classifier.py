@@ -1,0 +1,141 @@
+"""The served classifier on a converted BERT (models.bert_lara.LaraBertClassifier): config round trip, padding
+and batch invariance, float16 storage that changes no value, the ONNX export with one LaraAttention node per
+layer and parity with PyTorch, and the forms an article arrives in (pretrained.wrappers)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from lara_serve.model_export.export.exporter import export_model_dir, half_storage, make_session
+from lara_serve.model_export.models.bert_lara import LaraBertClassifier
+from lara_serve.model_export.models.config import AttentionConfig, BertTextConfig, config_from_dict, config_to_dict
+from lara_serve.model_export.models.hub import load_pretrained, make_config_dict, model_io_spec
+from lara_serve.model_export.models.ood import MahalanobisScore, ServingModel
+from lara_serve.model_export.models.registry import build_model
+from lara_serve.model_export.pretrained.classifier import round_to_half, save_half, with_forms
+from lara_serve.model_export.pretrained.wrappers import FORMS, wrapped
+
+TINY = BertTextConfig(
+    vocab_size=300, dim=32, depth=2, heads=4, mlp_dim=64, max_positions=16, max_length=2048, num_classes=3,
+    attention=AttentionConfig(kind="lara", num_landmarks=8, landmark_module="none"),
+)  # fmt: skip
+ARTICLE = "Shares rose on Monday\n\nThe market closed higher. Traders said demand was strong.\n\nMore later."
+
+
+def tiny_model(seed: int = 0) -> LaraBertClassifier:
+    torch.manual_seed(seed)
+    model = build_model(TINY, seed=seed)
+    with torch.no_grad():  # random weights of a realistic scale (the defaults leave LayerNorms at identity)
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return model.eval()
+
+
+def test_config_round_trip_and_io_spec() -> None:
+    d = config_to_dict(TINY)
+    assert config_from_dict(d, dict(vars(TINY.attention))) == TINY
+    spec = model_io_spec(TINY)
+    assert spec["preprocessing"] == {
+        "kind": "wordpiece",
+        "max_length": 2048,
+        "pad_id": 0,
+        "tokenizer": "tokenizer.json",
+    }
+    with pytest.raises(ValueError, match="reads through LARA"):
+        BertTextConfig(attention=AttentionConfig(kind="softmax"))
+
+
+def test_padding_and_batch_invariance() -> None:
+    """A document's logits do not depend on its neighbours or its padding (eval at w = mu)."""
+    model = tiny_model()
+    g = torch.Generator().manual_seed(1)
+    docs = [torch.randint(4, 300, (n,), generator=g) for n in (5, 40, 700)]
+    alone = [model(d[None], torch.ones(1, len(d), dtype=torch.long)) for d in docs]
+    n = max(len(d) for d in docs)
+    ids = torch.zeros(len(docs), n, dtype=torch.long)
+    mask = torch.zeros(len(docs), n, dtype=torch.long)
+    for i, d in enumerate(docs):
+        ids[i, : len(d)], mask[i, : len(d)] = d, 1
+    together = model(ids, mask)
+    for i, a in enumerate(alone):
+        torch.testing.assert_close(together[i], a[0], atol=2e-5, rtol=0)  # float32 sums in another order
+
+
+def test_half_rounding_and_storage_keep_every_value(tmp_path: Path) -> None:
+    model = tiny_model()
+    rounded = round_to_half(model, min_elements=1024)
+    assert rounded > 0
+    big = [p for p in model.parameters() if p.numel() >= 1024]
+    assert all(torch.equal(p.half().float(), p) for p in big)
+    conf = make_config_dict("tiny", TINY, ["a", "b", "c"])
+    save_half(model, conf, tmp_path / "tiny")
+    back = load_pretrained(tmp_path / "tiny")
+    for (k, a), (_, b) in zip(model.state_dict().items(), back.state_dict().items(), strict=True):
+        assert a.dtype == b.dtype == torch.float32 and torch.equal(a, b), k
+
+
+def test_half_storage_converts_only_exact_initializers() -> None:
+    exact = (np.arange(70000) % 2048).astype(np.float32).reshape(350, 200)  # integers below 2^11: exact
+    inexact = (np.arange(70000, dtype=np.float32).reshape(350, 200) + 1 / 3).astype(np.float32)
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 350])
+    y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 200])
+    nodes = [onnx.helper.make_node("MatMul", ["x", "a"], ["h"]), onnx.helper.make_node("MatMul", ["x", "b"], ["h2"]),
+             onnx.helper.make_node("Add", ["h", "h2"], ["y"])]  # fmt: skip
+    inits = [onnx.numpy_helper.from_array(exact, "a"), onnx.numpy_helper.from_array(inexact, "b")]
+    proto = onnx.helper.make_model(onnx.helper.make_graph(nodes, "g", [x], [y], inits))
+    import onnxruntime as ort
+
+    def run(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
+        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        return sess.run(None, {"x": x})[0]
+
+    xv = np.random.default_rng(0).standard_normal((1, 350)).astype(np.float32)
+    before = run(proto, xv)
+    proto = half_storage(proto)
+    onnx.checker.check_model(proto, full_check=True)
+    dtypes = {i.name: i.data_type for i in proto.graph.initializer}
+    assert dtypes == {"a__float16": onnx.TensorProto.FLOAT16, "b": onnx.TensorProto.FLOAT}
+    np.testing.assert_array_equal(run(proto, xv), before)  # the same weights, so the same bits
+
+
+def test_export_one_lara_node_per_layer_and_parity(tmp_path: Path) -> None:
+    model = tiny_model()
+    round_to_half(model, min_elements=1024)
+    g = torch.Generator().manual_seed(0)
+    feats = torch.nn.functional.normalize(torch.randn(60, TINY.dim, generator=g), dim=-1)
+    serving = ServingModel.wrap(model, 1.3, MahalanobisScore.fit(feats, torch.arange(60) % 3))
+    save_half(model, make_config_dict("tiny-wp", TINY, ["a", "b", "c"]), tmp_path / "tiny-wp", serving)
+    section = export_model_dir(tmp_path / "tiny-wp", max_length=2048)
+    assert section["lara_nodes"] == TINY.depth
+    assert section["parity"]["max_abs_diff"] <= 1e-4
+    assert json.loads((tmp_path / "tiny-wp" / "config.json").read_text())["export"]["lara_nodes"] == 2
+    sess = make_session(tmp_path / "tiny-wp" / "1" / "model.onnx")
+    ids = np.array([[2, 17, 99, 250, 3]], dtype=np.int64)
+    logits, ood = sess.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})
+    with torch.no_grad():
+        ref_logits, ref_ood = serving(torch.from_numpy(ids), torch.ones(1, 5, dtype=torch.long))
+    np.testing.assert_allclose(logits, ref_logits.numpy(), atol=1e-5)
+    np.testing.assert_allclose(ood, ref_ood.numpy(), rtol=1e-3)
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+def test_every_form_keeps_the_article_words(form: str) -> None:
+    out = wrapped(ARTICLE, form, seed=3)
+    assert out == wrapped(ARTICLE, form, seed=3)  # deterministic
+    key = {"headline": "Shares rose", "lead": "The market closed higher."}.get(form, "Traders said demand")
+    assert key in out
+
+
+def test_with_forms_adds_headline_lead_and_one_long_form_per_text() -> None:
+    texts, labels, forms = with_forms([ARTICLE, ARTICLE + " x"], [0, 1], seed=0)
+    assert len(texts) == 8 and labels == [0, 1, 0, 0, 0, 1, 1, 1] and forms[:2] == ["whole", "whole"]
+    assert forms[2:4] == ["headline", "lead"] and forms[5:7] == ["headline", "lead"]
+    assert forms[4] in FORMS and forms[4] not in ("whole", "headline", "lead")
+    with pytest.raises(ValueError, match="allowed"):
+        wrapped(ARTICLE, "pdf", 0)

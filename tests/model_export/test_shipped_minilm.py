@@ -1,0 +1,59 @@
+"""The shipped `lara-news-minilm`: its files (under 50 MB each, float16 storage that loads to float32), its
+graph (one LaraAttention node per layer), the server's word pieces equal to the teacher's tokenizer, and
+its accuracy on a fixed slice of the BBC test split through onnxruntime, as the server runs it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from lara_serve.kernels import onnx_export
+from lara_serve.model_export.export.exporter import make_session
+from lara_serve.server.preprocess import IDS, text_item
+from lara_serve.server.repository import TextPreprocessing, read_config
+
+MODEL = Path(__file__).resolve().parents[2] / "model_repository" / "lara-news-minilm"
+MB = 2**20
+
+
+def test_files_and_graph() -> None:
+    conf = json.loads((MODEL / "config.json").read_text())
+    assert conf["model"]["arch"] == "bert_lara" and conf["attention"]["kind"] == "lara"
+    assert conf["metrics"]["test_accuracy"] >= 0.96 and conf["metrics"]["n_test"] == 431
+    for name in ("1/model.onnx", "1/model.safetensors", "tokenizer.json"):
+        assert (MODEL / name).stat().st_size < 50 * MB, name
+    proto = onnx.load(str(MODEL / "1" / "model.onnx"), load_external_data=False)
+    assert onnx_export.count_lara_nodes(proto) == conf["model"]["depth"] == 6
+    halves = [i for i in proto.graph.initializer if i.data_type == onnx.TensorProto.FLOAT16]
+    assert len(halves) >= 6 * 6  # q, k, v, out, up, down of every layer are stored as float16
+
+
+def test_server_word_pieces_equal_the_teachers_tokenizer() -> None:
+    teacher = pytest.importorskip("lara_serve.model_export.pretrained.teacher")
+    try:
+        tok = teacher.WordPieces.from_dir(teacher.teacher_dir())
+    except teacher.TeacherUnavailable as exc:
+        pytest.skip(str(exc))
+    prep = read_config(MODEL).preprocessing
+    assert isinstance(prep, TextPreprocessing) and prep.kind == "wordpiece"
+    text = 'Shares in Ünïcode Corp. rose 12% on Monday; the CEO said: "We\'re pleased."\n\nMore later.'
+    assert text_item(text.encode(), prep, None).arrays[IDS].tolist() == tok.encode(text)
+
+
+@pytest.mark.timeout(300)
+def test_accuracy_on_every_tenth_test_document(news_test) -> None:
+    """Every tenth BBC test document (44), whole: all but at most two right (the whole split: 96.98%)."""
+    prep = read_config(MODEL).preprocessing
+    session = make_session(MODEL / "1" / "model.onnx", threads=2)
+    docs = news_test[::10]
+    right = 0
+    for doc in docs:
+        ids = text_item(doc.text.encode(), prep, "head").arrays[IDS][None]
+        logits, ood = session.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})
+        right += int(logits.argmax() == doc.label)
+        assert np.isfinite(ood).all()
+    assert len(docs) == 44 and right >= len(docs) - 2
