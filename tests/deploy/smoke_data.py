@@ -71,7 +71,15 @@ def _session(model_dir: Path, config: dict[str, Any]) -> Any:
 
 def _text_probabilities(session: Any, config: dict[str, Any], text: bytes) -> np.ndarray:
     prep = config["preprocessing"]
-    ids = np.frombuffer(text, dtype=np.uint8).astype(np.int64)[None, :] + prep["byte_offset"]
+    if prep["kind"] == "wordpiece":  # [CLS] + pieces + [SEP] from the model folder's tokenizer file
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(REPOSITORY / config["name"] / prep["tokenizer"]))
+        tok.no_truncation()
+        tok.no_padding()
+        ids = np.asarray(tok.encode(text.decode("utf-8")).ids, dtype=np.int64)[None, :]
+    else:
+        ids = np.frombuffer(text, dtype=np.uint8).astype(np.int64)[None, :] + prep["byte_offset"]
     feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
     return _softmax(session.run(None, {i.name: feeds[i.name] for i in session.get_inputs()})[0][0])
 
@@ -122,10 +130,19 @@ def _candidates(task: str, labels: list[str], dataset: str) -> dict[str, list[tu
     return out
 
 
-def clear_examples(per_class: int = 1, repository: Path = REPOSITORY) -> list[Example]:
-    """`per_class` clear examples of every class of every model in the repository."""
+def left_out_of_image() -> set[str]:
+    """Models that .dockerignore keeps out of the image (a `model_repository/<name>/` line)."""
+    lines = (ROOT / ".dockerignore").read_text().splitlines()
+    return {line.strip().split("/")[1] for line in lines if line.strip().startswith("model_repository/") and
+            line.strip().endswith("/") and line.strip().count("/") == 2}  # fmt: skip
+
+
+def clear_examples(per_class: int = 1, repository: Path = REPOSITORY, skip: set[str] | None = None) -> list[Example]:
+    """`per_class` clear examples of every class of every model in the repository (less `skip`)."""
     examples = []
     for config_path in sorted(repository.glob("*/config.json")):
+        if config_path.parent.name in (skip or set()):
+            continue
         config = json.loads(config_path.read_text())
         task, labels = config["task"], config["labels"]
         session = _session(config_path.parent, config)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from smoke_data import ROOT, Example, clear_examples, ensure_debian_packages, need
+from smoke_data import ROOT, Example, clear_examples, ensure_debian_packages, left_out_of_image, need
 
 from lara_serve.clients.client import LaraClient
 from lara_serve.server.testing import free_port
@@ -89,7 +89,7 @@ def image(docker: dict[str, str]) -> str:
 
 @pytest.fixture(scope="module")
 def examples() -> list[Example]:
-    return clear_examples(per_class=1)
+    return clear_examples(per_class=1, skip=left_out_of_image())  # the image's models only
 
 
 def docker_run(docker: dict[str, str], port: int, *extra: str) -> list[str]:
