@@ -45,15 +45,22 @@ def documents(length: int, n: int, seed: int) -> list[bytes]:
 
 
 class Runner:
-    def __init__(self, name: str, threads: int) -> None:
+    """A shipped model read as the server reads it: its preprocessing, then its 1/model.onnx (or `onnx`, another
+    graph of the same model, e.g. research.minilm_int8's quantized copy) in a session with the fused kernel."""
+
+    def __init__(self, name: str, threads: int, onnx: Path | None = None) -> None:
         self.prep = read_config(REPOSITORY / name).preprocessing
-        self.session = make_session(REPOSITORY / name / "1" / "model.onnx", threads=threads, fused=True)
+        self.session = make_session(onnx or REPOSITORY / name / "1" / "model.onnx", threads=threads, fused=True)
+
+    def outputs(self, raw: bytes) -> tuple[list[np.ndarray], int]:
+        """The graph's outputs (logits first) for one document, and how many tokens it read."""
+        ids = text_item(raw.decode("utf-8", "ignore").encode(), self.prep, "head").arrays[IDS][None]
+        return self.session.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)}), ids.shape[1]
 
     def __call__(self, raw: bytes) -> tuple[float, int]:
         start = time.perf_counter()
-        ids = text_item(raw.decode("utf-8", "ignore").encode(), self.prep, "head").arrays[IDS][None]
-        self.session.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})
-        return time.perf_counter() - start, ids.shape[1]
+        _, tokens = self.outputs(raw)
+        return time.perf_counter() - start, tokens
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
