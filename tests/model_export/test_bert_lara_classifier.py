@@ -4,6 +4,7 @@ layer and parity with PyTorch, and the forms an article arrives in (pretrained.w
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -25,12 +26,13 @@ TINY = BertTextConfig(
     vocab_size=300, dim=32, depth=2, heads=4, mlp_dim=64, max_positions=16, max_length=2048, num_classes=3,
     attention=AttentionConfig(kind="lara", num_landmarks=8, landmark_module="none"),
 )  # fmt: skip
+TINY_POOL = dataclasses.replace(TINY, readout="attention")
 ARTICLE = "Shares rose on Monday\n\nThe market closed higher. Traders said demand was strong.\n\nMore later."
 
 
-def tiny_model(seed: int = 0) -> LaraBertClassifier:
+def tiny_model(seed: int = 0, cfg: BertTextConfig = TINY) -> LaraBertClassifier:
     torch.manual_seed(seed)
-    model = build_model(TINY, seed=seed)
+    model = build_model(cfg, seed=seed)
     with torch.no_grad():  # random weights of a realistic scale (the defaults leave LayerNorms at identity)
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
@@ -51,9 +53,10 @@ def test_config_round_trip_and_io_spec() -> None:
         BertTextConfig(attention=AttentionConfig(kind="softmax"))
 
 
-def test_padding_and_batch_invariance() -> None:
+@pytest.mark.parametrize("cfg", [TINY, TINY_POOL], ids=["mean", "attention"])
+def test_padding_and_batch_invariance(cfg: BertTextConfig) -> None:
     """A document's logits do not depend on its neighbours or its padding (eval at w = mu)."""
-    model = tiny_model()
+    model = tiny_model(cfg=cfg)
     g = torch.Generator().manual_seed(1)
     docs = [torch.randint(4, 300, (n,), generator=g) for n in (5, 40, 700)]
     alone = [model(d[None], torch.ones(1, len(d), dtype=torch.long)) for d in docs]
@@ -104,13 +107,14 @@ def test_half_storage_converts_only_exact_initializers() -> None:
     np.testing.assert_array_equal(run(proto, xv), before)  # the same weights, so the same bits
 
 
-def test_export_one_lara_node_per_layer_and_parity(tmp_path: Path) -> None:
-    model = tiny_model()
+@pytest.mark.parametrize("cfg", [TINY, TINY_POOL], ids=["mean", "attention"])
+def test_export_one_lara_node_per_layer_and_parity(tmp_path: Path, cfg: BertTextConfig) -> None:
+    model = tiny_model(cfg=cfg)
     round_to_half(model, min_elements=1024)
     g = torch.Generator().manual_seed(0)
     feats = torch.nn.functional.normalize(torch.randn(60, TINY.dim, generator=g), dim=-1)
     serving = ServingModel.wrap(model, 1.3, MahalanobisScore.fit(feats, torch.arange(60) % 3))
-    save_half(model, make_config_dict("tiny-wp", TINY, ["a", "b", "c"]), tmp_path / "tiny-wp", serving)
+    save_half(model, make_config_dict("tiny-wp", cfg, ["a", "b", "c"]), tmp_path / "tiny-wp", serving)
     section = export_model_dir(tmp_path / "tiny-wp", max_length=2048)
     assert section["lara_nodes"] == TINY.depth
     assert section["parity"]["max_abs_diff"] <= 1e-4
