@@ -134,7 +134,7 @@ def finish(
             "time_budget_min": args.time_budget,
             "clock": args.clock,
             "threads": torch.get_num_threads(),
-            "schedule": "warmup+cosine",
+            "schedule": prep.hp.get("schedule", "warmup+cosine"),
             "command": command_line(args),
         },  # fmt: skip
         metrics=metrics,
@@ -146,13 +146,16 @@ def finish(
         # Training read no document past its first max_length bytes: the server does the same with a longer
         # one unless the request says otherwise (truncate=false: 413), instead of refusing what training read.
         conf["preprocessing"]["truncate"] = "head"
-    save_pretrained(model, conf, stage)
-    weights = stage / VERSION / WEIGHTS
-    tensors = {**load_file(str(weights)), **serving.serving_state()}
-    # A new file made by a plain write: mode 0666 less the umask (0644 usually), readable by the container's
-    # user, as the shipped models are; safetensors' save_file creates 0600 files.
-    weights.unlink()
-    weights.write_bytes(save(tensors, metadata={"format": "pt"}))
+    if getattr(prep, "save", None) is not None:  # a word-piece model (pretrained_init): float16, its tokenizer
+        prep.save(model, conf, stage, serving)
+    else:
+        save_pretrained(model, conf, stage)
+        weights = stage / VERSION / WEIGHTS
+        tensors = {**load_file(str(weights)), **serving.serving_state()}
+        # A new file made by a plain write: mode 0666 less the umask (0644 usually), readable by the container's
+        # user, as the shipped models are; safetensors' save_file creates 0600 files.
+        weights.unlink()
+        weights.write_bytes(save(tensors, metadata={"format": "pt"}))
     max_length = prep.cfg.max_length if isinstance(prep.cfg, TextConfig) else None
     with phases.phase("export"):
         export_model_dir(stage, max_length=max_length)

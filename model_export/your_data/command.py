@@ -27,26 +27,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-from torch import nn
 
-from lara_serve.model_export.head.finalize import TEXT_HEADS, task_outputs, text_outputs
-from lara_serve.model_export.models.config import TextConfig, config_from_dict
-from lara_serve.model_export.models.ood_input import image_input_scores, text_input_scores
-from lara_serve.model_export.models.registry import build_model, get_config
-from lara_serve.model_export.training.data import pad_batch
-from lara_serve.model_export.training.long_docs import LengthMixTask, length_groups, to_ids
-from lara_serve.model_export.training.tasks import ImageTask
-from lara_serve.model_export.training.train import DEFAULTS
-from lara_serve.model_export.your_data import budget
+from lara_serve.model_export.your_data import budget, pretrained_init
 from lara_serve.model_export.your_data import dist as userdist
 from lara_serve.model_export.your_data import loader as ud
 from lara_serve.model_export.your_data import recipe as recipe
 from lara_serve.model_export.your_data import wide as userwide
 from lara_serve.model_export.your_data.artifact import SHIPPED as SHIPPED  # where --init finds shipped models
 from lara_serve.model_export.your_data.artifact import finish
-from lara_serve.model_export.your_data.baseline import IMAGE_BASELINE, TEXT_BASELINE, image_baseline, text_baseline
 from lara_serve.model_export.your_data.fit import (
     BudgetTooSmall,
     FitSettings,
@@ -57,215 +46,11 @@ from lara_serve.model_export.your_data.fit import (
     fit,
     resume_notes,
 )
-from lara_serve.model_export.your_data.options import (
-    DEFAULT_ARCH,
-    DEFAULT_INIT,
-    MAX_DEFAULT_IMAGE,
-    UsageError,
-    add_arguments,
-    check_options,
-    check_out,
-    resolve_init,
-)
-
-
-def build(args: argparse.Namespace, task: str, labels: list[str], image: tuple[int, int, float, float] | None):
-    """(model, cfg, init path, init record): the architecture, resized for the labels and the data (text: with
-    the robust recipe's pooling and case folding, lara_serve.model_export.your_data.recipe), with --init's weights."""
-    init = resolve_init(args.init or DEFAULT_INIT[task])
-    if args.arch:
-        cfg = get_config(args.arch)
-    elif init is not None:
-        conf = json.loads((init / "config.json").read_text())
-        cfg = config_from_dict(conf["model"], conf["attention"])
-    else:
-        cfg = get_config(DEFAULT_ARCH[task])
-    if isinstance(cfg, TextConfig) != (task == "text"):
-        raise UsageError(f"the architecture ({cfg.arch}) does not fit {task} data; choose --arch / --init")
-    if isinstance(cfg, TextConfig):
-        cfg = dataclasses.replace(cfg, num_classes=len(labels), max_length=args.max_length or cfg.max_length)
-        cfg = recipe.text_config(cfg, case_fold=not args.no_case_fold, pooling=args.pooling)
-        wide = 0 if args.no_wide else userwide.wide_buckets(len(labels))
-        cfg = dataclasses.replace(cfg, tfidf_buckets=wide, tfidf_utf8=bool(wide))
-    else:
-        size, chans, mean, std = image  # type: ignore[misc]
-        cfg = dataclasses.replace(cfg, num_classes=len(labels), image_size=size, in_chans=chans, mean=mean, std=std)
-    torch.manual_seed(args.seed)
-    model = build_model(cfg, seed=args.seed)
-    taken = None
-    if init is not None:
-        from safetensors.torch import load_file
-
-        taken = recipe.copy_matching(model, load_file(str(init / "1" / "model.safetensors")))
-    return model, cfg, init, taken
-
-
-def _text_logits(model: nn.Module, raws: list[bytes], max_length: int) -> np.ndarray:
-    """Logits [N, C] of whole documents (cut at max_length, as the server's head truncation), in input order."""
-    model.eval()
-    cut = [r[:max_length] for r in raws]
-    out = np.zeros((len(raws), model.cfg.num_classes), dtype=np.float32)
-    with torch.inference_mode():
-        for idx in length_groups(cut, 8):
-            ids, mask = pad_batch([to_ids(cut[i]) for i in idx])
-            out[idx] = model(input_ids=ids, attention_mask=mask).numpy()
-    return out
-
-
-def _image_logits(model: nn.Module, task: ImageTask) -> np.ndarray:
-    model.eval()
-    with torch.inference_mode():
-        return torch.cat([model(**x) for x, _ in task.eval_batches(256)]).numpy()
-
-
-@dataclasses.dataclass
-class Prepared:
-    """The data, split and model of a run, ready for training."""
-
-    data: ud.UserData
-    test: ud.UserData
-    split: ud.Split
-    names: list[str]
-    model: nn.Module
-    cfg: Any
-    init: Path | None
-    train_task: Any
-    holdout_logits: Any  # (model) -> logits [n_holdout, C]
-    holdout_y: np.ndarray
-    test_y: np.ndarray
-    hp: dict[str, Any]
-    baseline: Any  # (seconds LARA trained) -> (test probabilities, baseline name, fit seconds)
-    outputs: Any  # (model, "train" | "holdout" | "test") -> (logits [N, C], pooled features [N, D], labels [N])
-    test_texts: list[bytes]  # text: the test documents (accuracy vs length)
-    input_scores: Any = None  # () -> (input-space ood score fitted on train, its holdout values, its test values)
-    wide: userwide.WideData | None = (
-        None  # text with the wide path: its documents (lara_serve.model_export.your_data.wide)
-    )
-    parts: dict[str, Any] | None = None  # after training: the wide path's blend and each part alone
-    # What the phases after training read (lara_serve.model_export.your_data.budget.make_plan's units)
-    units: dict[str, int] | None = None
-
-
-def prepare(args: argparse.Namespace, group: userdist.Group = userdist.Group()) -> Prepared:
-    """Read and check everything (data, labels, split, architecture) before any file is written."""
-    data = ud.load_data(args.data, args.task, args.text_field, args.label_field)
-    ud.check_labels(data)
-    names = data.label_names()
-    test = data
-    if args.test is not None:
-        test = ud.load_data(args.test, data.task, args.text_field, args.label_field)
-        ud.check_test_labels(test, names)
-    split = ud.make_split(data, args.test_fraction, args.holdout_fraction, args.seed, args.test is not None)
-    test_idx = split.test if args.test is None else list(range(len(test)))
-    if not test_idx:
-        raise ud.DataError(f"{data.source}: no test examples; give each label at least 2 examples or pass --test")
-    code = {label: i for i, label in enumerate(names)}
-    y_all = np.array([code[v] for v in data.labels])
-    test_y = np.array([code[test.labels[i]] for i in test_idx])
-    hold_y = y_all[split.holdout]
-    y_train = torch.from_numpy(y_all[split.train])
-    if data.task == "text":
-        model, cfg, init, taken = build(args, "text", names, None)
-        choice = recipe.choose([len(data.texts[i]) for i in split.train])  # short texts or long documents
-        mix = recipe.length_mix(cfg.max_length, choice["recipe"])
-        train_task: Any = LengthMixTask([data.texts[i] for i in split.train], y_train, cfg.max_length, **mix)
-        bank, filler_sha = recipe.filler_bank(group.share) if not args.no_augment else (None, None)
-        aug = recipe.text_augment(cfg.max_length, enabled=not args.no_augment, bank=bank, kind=choice["recipe"])
-        train_task.text_augment = None if aug is None else recipe.capped(aug, cfg.max_length)
-        hold_raws, test_raws = [data.texts[i] for i in split.holdout], [test.texts[i] for i in test_idx]
-        hold_fn = lambda m: _text_logits(m, hold_raws, cfg.max_length)  # noqa: E731
-        hp = {**DEFAULTS["news"], "length_mix": mix, "recipe": recipe.recipe_line(cfg.pooling, choice["recipe"]),
-              "recipe_choice": choice, "augment": not args.no_augment,
-              "text_augment": recipe.augment_record(aug), "filler_sha256": filler_sha}  # fmt: skip
-        # The out-of-distribution fit reads training documents whole and as heads (what head-truncating
-        # clients send), as lara_serve.model_export.head.finalize does for the shipped models: a seeded sample of
-        # them, so its time and memory stay bounded whatever the data's size (lara_serve.model_export.your_data.budget).
-        train_raws = [data.texts[i][: cfg.max_length] for i in split.train]
-        sample = budget.ood_sample([len(r) for r in train_raws], args.seed)
-        ood_raws, ood_y = [train_raws[i] for i in sample], y_all[split.train][sample].tolist()
-        hp["ood_fit"] = {"documents": len(sample), "of": len(train_raws), "bytes": sum(map(len, ood_raws)),
-                         "at_most": {"documents": budget.OOD_FIT_DOCS, "bytes": budget.OOD_FIT_BYTES}}  # fmt: skip
-        parts = {
-            "train": ([r[:n] for n in (None, *TEXT_HEADS) for r in ood_raws], ood_y * 3),
-            "holdout": ([r[: cfg.max_length] for r in hold_raws], hold_y.tolist()),
-            "test": ([r[: cfg.max_length] for r in test_raws], test_y.tolist()),
-        }
-
-        def outputs(m: nn.Module, part: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-            z, f = text_outputs(m.eval(), parts[part][0])
-            return z, f, torch.tensor(parts[part][1])
-
-        train_texts, train_y = [data.texts[i] for i in split.train], y_all[split.train].tolist()
-        units = {"holdout": sum(map(len, parts["holdout"][0])), "test": sum(map(len, parts["test"][0])),
-                 "ood": sum(map(len, parts["train"][0])), "train_bytes": sum(map(len, train_raws)),
-                 "train_docs": len(train_raws), "wide": int(bool(cfg.tfidf_buckets)),
-                 "baseline": int(not args.no_baseline)}  # fmt: skip
-        input_scores = lambda: text_input_scores(train_raws, parts["holdout"][0], parts["test"][0],  # noqa: E731
-                                                 bool(cfg.case_fold))  # fmt: skip
-
-        wide = None
-        if cfg.tfidf_buckets:
-            wide = userwide.WideData(train_raws, y_all[split.train].tolist(), parts["holdout"][0], hold_y.tolist(),
-                                     parts["test"][0], test_y.tolist())  # fmt: skip
-
-        def baseline(secs: float) -> tuple[np.ndarray, str, float]:
-            del secs  # a linear model fits in seconds: no time to match
-            probs, fit_s = text_baseline(train_texts, train_y, test_raws)
-            return probs, TEXT_BASELINE, fit_s
-    else:
-        side, chans = ud.image_shape([data.images[i] for i in split.train])
-        size = args.image_size or min(MAX_DEFAULT_IMAGE, side + side % 2)
-        images = ud.read_images(data.images, size, chans)
-        test_images = images if args.test is None else ud.read_images(test.images, size, chans)
-        pixels = images[split.train].float() / 255.0
-        mean, std = round(float(pixels.mean()), 4), round(max(float(pixels.std()), 1e-3), 4)
-        model, cfg, init, taken = build(args, "image", names, (size, chans, mean, std))
-        hp = {**DEFAULTS["fashion"], "augment": not args.no_augment}
-        hp["batch_size"] = args.batch_size or min(hp["batch_size"], max(2, len(split.train) // 4))
-        train_task = ImageTask(images[split.train], y_train, mean, std, augment=not args.no_augment)
-        hold_task = ImageTask(images[split.holdout], torch.from_numpy(hold_y), mean, std, augment=False)
-        test_task = ImageTask(test_images[test_idx], torch.from_numpy(test_y), mean, std, augment=False)
-        hold_fn = lambda m: _image_logits(m, hold_task)  # noqa: E731
-        test_raws = []
-        parts = {"train": ImageTask(images[split.train], y_train, mean, std, augment=False),
-                 "holdout": hold_task, "test": test_task}  # fmt: skip
-
-        def outputs(m: nn.Module, part: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-            return task_outputs(m.eval(), parts[part])
-
-        input_scores = lambda: image_input_scores(parts["train"], hold_task, test_task)  # noqa: E731
-        wide = None
-        units = {"holdout": len(split.holdout), "test": len(test_idx), "ood": len(split.train), "train_bytes": 0,
-                 "train_docs": 0, "wide": 0, "baseline": 0}  # fmt: skip
-
-        def baseline(secs: float) -> tuple[np.ndarray, str, float]:
-            probs, fit_s = image_baseline(train_task, test_task, len(names), secs, args.seed, args.clock)
-            return probs, IMAGE_BASELINE, fit_s
-
-    if args.lr is not None:
-        hp["lr"] = args.lr
-    hp["arch"] = args.arch or (init.name if init is not None else DEFAULT_ARCH[data.task])
-    hp["init_tensors"] = taken
-    return Prepared(
-        data,
-        test,
-        split,
-        names,
-        model,
-        cfg,
-        init,
-        train_task,
-        hold_fn,
-        hold_y,
-        test_y,
-        hp,
-        baseline,
-        outputs,
-        test_raws,
-        input_scores,
-        wide,
-        units=units,
-    )
+from lara_serve.model_export.your_data.options import UsageError, add_arguments, check_options, check_out
+from lara_serve.model_export.your_data.prepare import Prepared as Prepared
+from lara_serve.model_export.your_data.prepare import build as build
+from lara_serve.model_export.your_data.prepare import prepare as prepare
+from lara_serve.model_export.your_data.prepare import text_logits
 
 
 def _fit_settings(args: argparse.Namespace, hp: dict[str, Any]) -> FitSettings:
@@ -303,6 +88,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     group = userdist.setup()  # one process, or this one's place under torchrun
     prep = prepare(args, group)
+    if isinstance(prep, pretrained_init.Frozen):  # a word-piece encoder kept frozen: no training loop
+        return _run_frozen(args, prep, phases, group)
     progress = "quiet" if args.quiet else "json" if args.json_lines else "bar"
     work = work_dir(args.out)
     settings = _fit_settings(args, prep.hp)
@@ -337,6 +124,34 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return metrics
 
 
+def _run_frozen(args: argparse.Namespace, prep: pretrained_init.Frozen, phases: budget.Phases,
+                group: userdist.Group) -> dict[str, Any]:  # fmt: skip
+    """--init names a word-piece model: every document read once through its frozen encoder and a head fitted
+    (pretrained_init), in the work folder a training run uses, moved into place when all of it is done."""
+    if group.world > 1:
+        userdist.teardown(group)
+        raise UsageError(f"--init {args.init} keeps its encoder frozen and runs in one process: start it without "
+                         "torchrun")  # fmt: skip
+    pretrained_init.plan(prep, phases, args.time_budget, args.clock)  # BudgetTooSmall before any work
+    work = work_dir(args.out)
+    created, stage = not work.exists(), work / "stage"
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(stage, ignore_errors=True)
+        progress = "quiet" if args.quiet else "json" if args.json_lines else "bar"
+        state = pretrained_init.fit(prep, phases, progress)
+        metrics = finish(args, prep, state, stage, phases)
+        budget.record_time(stage, phases, args.time_budget)
+        if args.out.exists():
+            shutil.rmtree(args.out)  # check_out allowed it: --overwrite, or an empty folder
+        stage.rename(args.out)
+        shutil.rmtree(work)
+    except BaseException as exc:
+        _clean_up(work, created, full=isinstance(exc, OSError) and exc.errno == errno.ENOSPC)
+        raise
+    return metrics
+
+
 def work_dir(out: Path) -> Path:
     """The hidden folder beside --out where a run builds everything (and keeps its checkpoint)."""
     return out.parent / f".{out.name}.lara-train"
@@ -365,8 +180,10 @@ def _train_and_write(args, prep: Prepared, settings: FitSettings, work: Path, me
         with phases.phase("baseline"):
             early = prep.baseline(0.0)
         prep.baseline = lambda secs: early
+    budget.release_memory()  # what the wide path and the baseline freed, before training's activations
     spent = float(group.share(phases.elapsed()))  # type: ignore[arg-type]
-    settings = dataclasses.replace(settings, spent_s=spent, reserve_s=plan.after_s if plan is not None else 0.0)
+    settings = dataclasses.replace(settings, spent_s=spent, reserve_s=plan.after_s if plan is not None else 0.0,
+                                   reserve_per_s=plan.baseline_share if plan is not None else 0.0)  # fmt: skip
     try:
         with phases.phase("training"):
             state = fit(prep.model, prep.train_task,
@@ -378,7 +195,7 @@ def _train_and_write(args, prep: Prepared, settings: FitSettings, work: Path, me
         return {}  # process 0 writes the model folder
     budget.release_memory()
     if wide is not None:
-        deep = lambda m, docs: _text_logits(m, docs, prep.cfg.max_length)  # noqa: E731
+        deep = lambda m, docs: text_logits(m, docs, prep.cfg.max_length)  # noqa: E731
         with phases.phase("blend"):
             prep.parts = userwide.attach(prep.model, *wide, prep.wide, deep)
     stage = work / "stage"

@@ -29,6 +29,7 @@ from torch import nn
 
 from lara_serve.model_export.models.layers import Attention
 from lara_serve.model_export.training.train import reseed_noise, warmup_cosine
+from lara_serve.model_export.your_data import pieces
 from lara_serve.model_export.your_data.dist import Group
 
 Progress = Literal["bar", "json", "quiet"]
@@ -71,6 +72,10 @@ class FitSettings:
     # Seconds of the budget kept for the phases after training (lara_serve.model_export.your_data.budget): training
     # ends, and its learning-rate schedule completes, at time_budget_s - reserve_s.
     reserve_s: float = 0.0
+    # Seconds of the budget kept per second trained, for a phase after training that lasts as long as training
+    # did (images: the small CNN baseline gets the encoder's training time): each second trained costs
+    # 1 + reserve_per_s of what the budget leaves.
+    reserve_per_s: float = 0.0
 
 
 def clock_fn(clock: str) -> Callable[[], float]:
@@ -251,10 +256,14 @@ def fit(
         # varies a little) or the share of the time budget spent, whichever is further.
         by_epochs = (state.epoch + min(1.0, state.step_in_epoch / steps_epoch)) / max_epochs if s.epochs else 0.0
         end = max(s.time_budget_s - s.reserve_s, 1e-9) if s.time_budget_s else 0.0
-        return max(by_epochs, (s.spent_s + state.eval_time_s + elapsed) / end if end else 0.0)
+        return max(by_epochs, (s.spent_s + state.eval_time_s + charged(elapsed)) / end if end else 0.0)
+
+    def charged(elapsed: float) -> float:  # the budget a training time uses, the matched baseline's included
+        return elapsed * (1.0 + s.reserve_per_s)
 
     def out_of_time(elapsed: float) -> bool:
-        return s.time_budget_s is not None and s.spent_s + s.reserve_s + state.eval_time_s + elapsed >= s.time_budget_s
+        return (s.time_budget_s is not None
+                and s.spent_s + s.reserve_s + state.eval_time_s + charged(elapsed) >= s.time_budget_s)  # fmt: skip
 
     budgeted = s.time_budget_s is not None and s.epochs is None
     timer = clock_fn(s.clock)
@@ -275,6 +284,7 @@ def fit(
                 state.epochs_exact = round(epoch + (1.0 if whole else min(0.99, state.step_in_epoch / steps_epoch)), 2)
                 t_eval = timer()
                 holdout = holdout_accuracy(model)
+                pieces.release_memory()  # the epoch's and the evaluation's freed activations (counted with the evaluation)
                 state.eval_time_s += float(group.share(timer() - t_eval))  # type: ignore[arg-type]
                 record = {
                     "event": "epoch",
@@ -311,6 +321,7 @@ def _run_epoch(model, task, opt, loss_fn, s, state, epoch, noise, stop, rep, pro
     for _ in range(state.step_in_epoch):  # replays the generator's draws (order, augmentation) untrained
         next(batches)
     timer = clock_fn(s.clock)
+    max_tokens = getattr(task, "tokens_per_batch", None)  # text: the plan's token budget
     t0, base = timer(), state.train_time_s
     first = None  # seconds at the end of the first step (epoch 0, not resumed)
     for batch_inputs, batch_labels, *_ in batches:
@@ -319,11 +330,8 @@ def _run_epoch(model, task, opt, loss_fn, s, state, epoch, noise, stop, rep, pro
             param_group["lr"] = s.lr * warmup_cosine(progress_at(elapsed), s.warmup)
         inputs, labels, share = group.shard(batch_inputs, batch_labels)
         opt.zero_grad(set_to_none=True)
-        if len(labels):
-            logits = model(**inputs)
-            loss = loss_fn(logits, labels)
-            (loss * share if share != 1.0 else loss).backward()
-            correct, loss_sum = int((logits.argmax(-1) == labels).sum()), loss.item() * len(labels)
+        if len(labels):  # a batch past the plan's token budget in pieces: the same gradient, less memory
+            correct, loss_sum = pieces.train_step(model, inputs, labels, loss_fn, share, max_tokens)
         else:  # a batch smaller than the group: this process adds zero gradients
             correct, loss_sum = 0, 0.0
         group.reduce_gradients(model)
@@ -363,12 +371,13 @@ def _check_budget(s: FitSettings, epoch_s: float) -> None:
     projection refines."""
     if s.time_budget_s is None:
         return
-    left = s.time_budget_s - s.reserve_s - s.spent_s
+    share = 1.0 + s.reserve_per_s  # the matched baseline trains as long again after it
+    left = (s.time_budget_s - s.reserve_s - s.spent_s) / share
     if epoch_s > left:
         print(
             f"warning: one epoch takes about {epoch_s / 60:.2f} min here and the budget leaves "
             f"{max(left, 0.0) / 60:.2f} min for training: training {max(left, 0.0) / epoch_s:.0%} of an epoch; a "
             f"larger --time-budget trains more (one whole epoch: about "
-            f"{math.ceil((s.time_budget_s - left + epoch_s) / 6.0) / 10.0:g})",
+            f"{math.ceil((s.time_budget_s + (epoch_s - left) * share) / 6.0) / 10.0:g})",
             file=sys.stderr,
         )

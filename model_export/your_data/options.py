@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from lara_serve.model_export.export.exporter import EXPORT_SEQ
 from lara_serve.model_export.models.config import POOLINGS
 from lara_serve.model_export.your_data import recipe
 from lara_serve.model_export.your_data.artifact import SHIPPED
@@ -25,10 +26,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--test-fraction", type=float, default=0.2)
     p.add_argument("--holdout-fraction", type=float, default=0.1, help="of train: per-epoch validation, calibration")
     p.add_argument("--init", default=None, help="none | a shipped model NAME | a model DIR (default: text "
-                   "lara-text-news, images none); tensors whose name and shape fit are copied, the head is new")  # fmt: skip
+                   "lara-text-news, images none); tensors whose name and shape fit are copied, the head is new; a "
+                   "word-piece model (lara-news-minilm) is kept frozen and only a head is fitted on its embeddings")  # fmt: skip
     p.add_argument("--arch", default=None, help="registered architecture (default: that of --init, else "
                    "lara-text-news / lara-vit-fashion)")  # fmt: skip
-    p.add_argument("--max-length", type=int, default=None, help="text: longest document served, bytes")
+    p.add_argument("--max-length", type=int, default=None, help="text: longest document served, bytes (word "
+                   "pieces with a word-piece --init)")  # fmt: skip
     p.add_argument("--image-size", type=int, default=None, help="images: side after resizing (default: the data's)")
     p.add_argument("--time-budget", type=float, default=None, metavar="MINUTES",
                    help=f"training time; the schedule fits it (default {DEFAULT_BUDGET_MIN:g} unless --epochs)")  # fmt: skip
@@ -83,6 +86,10 @@ def check_options(args: argparse.Namespace) -> None:
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    if args.max_length is not None and args.max_length < EXPORT_SEQ:  # the export traces EXPORT_SEQ tokens
+        raise UsageError(
+            f"--max-length must be at least {EXPORT_SEQ} (the export traces {EXPORT_SEQ} tokens), got {args.max_length}"
+        )
     if args.image_size is not None and args.image_size < 4:
         raise UsageError(f"--image-size must be at least 4, got {args.image_size}")
     if args.epochs is None and args.time_budget is None:

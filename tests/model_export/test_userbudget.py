@@ -4,14 +4,17 @@ the phases after training reserved out of the budget, a too-small budget refused
 from __future__ import annotations
 
 import json
+import math
+import time
 from pathlib import Path
 
 import pytest
 import torch
-from user_samples import TINY_TEXT, write_texts
+from user_samples import TINY_IMAGE, TINY_TEXT, write_images, write_texts
 
 from lara_serve.model_export.models.registry import build_model, get_config
 from lara_serve.model_export.training.long_docs import LengthMixTask
+from lara_serve.model_export.training.tasks import ImageTask
 from lara_serve.model_export.your_data import budget, recipe
 from lara_serve.model_export.your_data import fit as userfit
 from lara_serve.model_export.your_data import wide as userwide
@@ -116,3 +119,61 @@ def test_the_run_records_its_phases_recipe_and_served_part(tmp_path: Path) -> No
     report = (out / "report.md").read_text()
     assert "Recipe: short" in report and f"| {served['part'].replace('wide', 'wide path')} (served) |" in report
     assert "Time by phase" in report
+
+
+def _ticking_cpu(monkeypatch: pytest.MonkeyPatch, tick: float) -> None:
+    """The CPU clock as a counter that every reading advances by `tick` seconds: a run's phases then cost what
+    the code reads of the clock (a step of training or of the baseline: one reading), whatever the machine's load."""
+    ticks = {"cpu": 0.0}
+
+    def cpu() -> float:
+        ticks["cpu"] += tick
+        return ticks["cpu"]
+
+    monkeypatch.setattr(userfit.time, "process_time", cpu)  # the time module: fit, baseline and budget read it
+
+
+def test_an_image_plan_reserves_the_baseline_that_trains_as_long_as_the_encoder(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 54: an image run's baseline (a small CNN) trains after the encoder for the encoder's training time;
+    the plan counts it per second trained, and the image phases after training read each split twice."""
+    _ticking_cpu(monkeypatch, 0.5)
+    images = torch.randint(0, 256, (32, 1, 12, 12), dtype=torch.uint8)
+    task = ImageTask(images, torch.tensor([i % 2 for i in range(32)]), 0.5, 0.25)
+    model = build_model(get_config("tiny-vit", num_classes=2, image_size=12, in_chans=1), seed=0)
+    units = {"holdout": 8, "test": 8, "ood": 32, "train_bytes": 0, "train_docs": 0, "wide": 0, "baseline": 0}
+    plans = [budget.make_plan(model, task, 8, time.process_time, {**units, "matched_baseline": m}, 2) for m in (0, 1)]
+    alone, matched = plans
+    assert (alone.baseline_share, matched.baseline_share) == (0.0, 1.0)
+    assert matched.epoch_s == alone.epoch_s and matched.epoch_s > 0
+    assert matched.after_s == pytest.approx(alone.after_s + budget.IMAGE_BASELINE_S)
+    _, forward = budget.probe(model, task, 8, time.process_time)  # per image: the same readings, the same rate
+    fixed = budget.IMAGE_EXPORT_S + budget.REPORT_S
+    assert alone.after_s == pytest.approx(budget.after_training_s(forward, 8, 8, 32, (3, 2, 2), fixed))  # no blend
+    need = matched.probe_s + 2 * matched.epoch_s + matched.after_s  # one epoch for each of the two models
+    assert matched.least_budget_min() == math.ceil(need / 6.0) / 10.0
+    assert alone.least_budget_min() == math.ceil((alone.probe_s + alone.epoch_s + alone.after_s) / 6.0) / 10.0
+
+
+def test_an_image_run_ends_within_its_budget_the_baseline_included(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 54: image runs took up to 2x --time-budget, the baseline training after the budget's end for as
+    long as the encoder had trained. With every reading of the CPU clock one second, the whole run (probe,
+    training with its holdout evaluations, serving head, baseline, export, report) ends within the budget and
+    the baseline trains as long as the encoder did."""
+    write_images(tmp_path / "images", per_label=40)  # 28 steps an epoch of 2: the epoch's own readings are few
+    monkeypatch.setattr(budget, "IMAGE_EXPORT_S", 2.0)  # the phases that read the clock a few times cost seconds
+    monkeypatch.setattr(budget, "REPORT_S", 2.0)
+    _ticking_cpu(monkeypatch, 1.0)
+    out = tmp_path / "m"
+    args = [str(tmp_path / "images"), "--out", str(out), *TINY_IMAGE, "--time-budget", "1.5", "--clock", "cpu",
+            "--batch-size", "2"]  # fmt: skip
+    assert train_main(args) == 0
+    conf = json.loads((out / "config.json").read_text())
+    training, trained = conf["training"], conf["metrics"]["train_time_s"]
+    phases = training["phases_s"]
+    assert training["budget_plan_s"]["baseline_share"] == 1.0
+    assert training["run_s"] <= 90.0 * 1.1, phases  # was 90 s + the baseline's training time
+    assert trained > 15.0 and trained <= phases["baseline"] <= trained + 5.0, phases  # the same time, a step more

@@ -1,0 +1,402 @@
+"""`lara train DATA --out DIR --init lara-news-minilm`: a pretrained word-piece encoder kept frozen, a head on it.
+
+The byte encoder of `lara train` is trained; a converted pretrained encoder (`lara-news-minilm`: all-MiniLM-L6-v2
+read through LARA in every layer, lara_serve.model_export.pretrained) already reads English, so it stays frozen.
+Every training, holdout and test document is read once, whole (its first max_length word pieces: the served
+model reads a longer one the same way, config.json preprocessing.truncate = "head"), to its unit-length mean
+embedding. A logistic-regression head is fitted on the training embeddings, its C chosen by holdout log-loss
+(pretrained.classifier.fit_head, as `lara-news-minilm` was built); the temperature and the ood score are those of
+every `lara train` run (artifact.finish -> head.finalize), the ood fit on the bounded sample of budget.ood_sample.
+The folder is a word-piece model as `lara-news-minilm` is: preprocessing kind "wordpiece", the --init model's
+tokenizer.json, float16 storage (pretrained.classifier.save_half), the ONNX export with its parity check.
+
+The wide path (hashed word grams) lives inside the byte model's graph and has no place in a word-piece graph: it
+is fitted as in every text run, with the plain baseline, for the report only (config.json metrics.parts: the
+encoder alone, the wide path alone, their blend, and what a byte model's holdout rule would have served); the
+encoder is what is served.
+
+The budget: before any work every document is tokenized and a few training documents are embedded (the probe);
+with the word pieces of each part that gives each phase's estimate (budget.Plan), and a budget that cannot
+hold the whole run is refused with the least one that can. A frozen encoder has no epochs to cut short.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import shutil
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from lara_serve.model_export.head.finalize import TEXT_HEADS
+from lara_serve.model_export.models.bert import mean_pool
+from lara_serve.model_export.models.bert_lara import LaraBertClassifier
+from lara_serve.model_export.models.config import BertTextConfig
+from lara_serve.model_export.models.hub import TOKENIZER_FILE, load_config, load_pretrained
+from lara_serve.model_export.models.ood import ServingModel
+from lara_serve.model_export.models.registry import get_config
+from lara_serve.model_export.models.text import TfidfHead
+from lara_serve.model_export.pretrained.classifier import fit_head, save_half
+from lara_serve.model_export.pretrained.teacher import WordPieces, pad_pieces
+from lara_serve.model_export.your_data import budget, recipe
+from lara_serve.model_export.your_data import wide as userwide
+from lara_serve.model_export.your_data.baseline import TEXT_BASELINE, text_baseline
+from lara_serve.model_export.your_data.fit import BudgetTooSmall, FitState
+from lara_serve.model_export.your_data.options import DEFAULT_ARCH, UsageError, resolve_init
+
+WORD_PIECE_ARCH = BertTextConfig.arch  # config.json model.arch of a model this path takes as --init
+BATCH_PIECES = 4096  # padded pieces per encoder batch (documents sorted by length), as the shipped build's
+PROBE_PIECES, PROBE_DOCS = 4096, 32  # the probe embeds a seeded few training documents, this many at most
+# CPU seconds of the phases that do not grow with the data, measured on one core of the shared machine and
+# rounded up: the export of lara-news-minilm's 22 M parameters with its parity run up to 16,384 pieces (32 s).
+EXPORT_S = 45.0
+# The head's fit: five logistic regressions (classifier.C_GRID) on [N, 384] embeddings, and the report's scoring
+# of the wide path, per training document and class (at least 2): 6.2 s measured for 1,440 subject lines of 2
+# classes, 8.6 s for 1,440 messages of 5.
+HEAD_S_PER_DOC_CLASS = 2.5e-3
+# The options of the byte encoder's training that mean nothing for a frozen encoder, and why.
+NOT_FOR_FROZEN = {
+    "no_case_fold": "its word-piece tokenizer lower-cases every text before the encoder reads it (uncased)",
+    "no_augment": "the encoder is not trained, so nothing is augmented",
+    "epochs": "the encoder is not trained: there are no epochs (--time-budget bounds the run)",
+    "lr": "the encoder is not trained (the head is a logistic regression)",
+    "batch_size": "the encoder is not trained (documents are read in batches of pieces)",
+    "resume": "a frozen-encoder run has no training loop and keeps no checkpoint; run it again",
+    "arch": "the architecture is the --init model's",
+}
+
+
+def applies(args: argparse.Namespace) -> bool:
+    """Whether --init names a word-piece model (a converted pretrained encoder): then this path runs."""
+    if not args.init or args.init == "none":
+        return False
+    model = load_config(resolve_init(args.init)).get("model") or {}
+    return model.get("arch") == WORD_PIECE_ARCH
+
+
+def check_options(args: argparse.Namespace, task: str) -> None:
+    """UsageError for what a frozen word-piece encoder cannot do, before anything is loaded."""
+    name = f"--init {args.init}"
+    if task != "text":
+        raise UsageError(f"{name} is a word-piece text encoder and {args.data} holds {task}s; for images use "
+                         "--init none or an image model (lara-vit-fashion)")  # fmt: skip
+    for key, why in NOT_FOR_FROZEN.items():
+        if getattr(args, key) not in (None, False):
+            raise UsageError(f"--{key.replace('_', '-')} does not apply to {name}: {why}; drop it")
+    if args.pooling != recipe.POOLING:
+        raise UsageError(f"--pooling {args.pooling} does not apply to {name}: the head reads the frozen encoder's "
+                         "mean embedding (the readout its conversion was trained for); drop --pooling")  # fmt: skip
+
+
+@dataclasses.dataclass
+class Frozen:
+    """A frozen-encoder run as artifact.finish reads it (the fields of prepare.Prepared it uses), plus each
+    part's documents ("train", "holdout", "test", "heads": the ood sample's first TEXT_HEADS bytes) and pieces."""
+
+    data: Any  # loader.UserData
+    test: Any
+    split: Any  # loader.Split
+    names: list[str]
+    model: LaraBertClassifier
+    cfg: BertTextConfig
+    init: Path
+    hp: dict[str, Any]
+    tok: WordPieces
+    docs: dict[str, list[bytes]]
+    labels: dict[str, np.ndarray]  # "train", "holdout", "test"
+    ood_sample: list[int]  # indices into docs["train"]
+    heads: list[tuple[int, int]]  # docs["heads"][j] is docs["train"][i][:n] for (i, n) = heads[j]
+    no_wide: bool
+    no_baseline: bool
+    seed: int
+    seqs: dict[str, list[list[int]]] = dataclasses.field(default_factory=dict)
+    cached: dict[str, tuple[Tensor, Tensor, Tensor]] = dataclasses.field(default_factory=dict)
+    baseline_result: tuple[np.ndarray, str, float] | None = None
+    parts: dict[str, Any] | None = None
+    input_scores: None = None  # the input-space ood score reads byte ids: a word-piece graph has none
+
+    @property
+    def test_y(self) -> np.ndarray:
+        return self.labels["test"]
+
+    @property
+    def test_texts(self) -> list[bytes]:
+        return self.docs["test"]
+
+    def outputs(self, model: Any, part: str) -> tuple[Tensor, Tensor, Tensor]:
+        """(logits [N, C], mean embeddings [N, D], labels [N]) of "train" (the ood sample, whole and its
+        heads), "holdout" or "test", computed once by `fit`."""
+        del model  # the frozen encoder's features are computed once; the head is the model's
+        return self.cached[part]
+
+    def baseline(self, secs: float) -> tuple[np.ndarray, str, float]:
+        del secs  # a linear model, fitted before the encoder read the data
+        assert self.baseline_result is not None
+        return self.baseline_result
+
+    def save(self, model: LaraBertClassifier, conf: dict[str, Any], out: Path, serving: ServingModel) -> None:
+        """Weights as the shipped word-piece model stores them (float16 where exact) and its tokenizer."""
+        save_half(model, conf, out, serving)
+        shutil.copyfile(self.init / TOKENIZER_FILE, out / TOKENIZER_FILE)
+
+
+def prepare(args: argparse.Namespace, d: Any) -> Frozen:
+    """The frozen encoder with a new head for d's labels (d: prepare._Labelled), and every part's documents."""
+    init = resolve_init(args.init)
+    assert init is not None  # applies() said so
+    check_options(args, d.data.task)
+    if not (init / TOKENIZER_FILE).is_file():
+        raise UsageError(f"--init {args.init}: a word-piece model needs its {TOKENIZER_FILE} in {init}")
+    base = load_pretrained(init)
+    cfg = dataclasses.replace(base.cfg, num_classes=len(d.names), readout="mean",
+                              max_length=args.max_length or base.cfg.max_length)  # fmt: skip
+    model = LaraBertClassifier(cfg, seed=int(load_config(init).get("seed", 0)))
+    model.encoder.load_state_dict(base.encoder.state_dict(), strict=True)  # the head stays fresh (fitted later)
+    model.requires_grad_(False).eval()
+    data, test, split = d.data, d.test, d.split
+    train = [data.texts[i] for i in split.train]
+    sample = budget.ood_sample([len(r) for r in train], args.seed)
+    heads = [(i, n) for n in TEXT_HEADS for i in sample if len(train[i]) > n]  # shorter: the whole text again
+    docs = {"train": train, "holdout": [data.texts[i] for i in split.holdout],
+            "test": [test.texts[i] for i in d.test_idx], "heads": [train[i][:n] for i, n in heads]}  # fmt: skip
+    labels = {"train": d.y_all[split.train], "holdout": d.hold_y, "test": d.test_y}
+    median = statistics.median(len(r) for r in train)
+    hp = {
+        "arch": init.name,
+        "recipe": f"frozen word-piece encoder ({init.name}), each document read whole up to {cfg.max_length:,} "
+        "pieces to its unit mean embedding, a logistic-regression head (lara_serve.model_export.your_data."
+        "pretrained_init)",
+        "recipe_choice": {"recipe": f"frozen {init.name} encoder + logistic-regression head", "median_bytes": median,
+                          "rule": "--init names a word-piece model: its encoder is read, not trained; the wide path "
+                          "and the baseline are fitted for the report, the encoder is served"},
+        "schedule": "none (the encoder is frozen; the head is a logistic regression)",
+        "augment": False,
+        "ood_fit": {"documents": len(sample), "of": len(train), "bytes": sum(len(train[i]) for i in sample),
+                    "at_most": {"documents": budget.OOD_FIT_DOCS, "bytes": budget.OOD_FIT_BYTES}},
+    }  # fmt: skip
+    return Frozen(data, test, split, d.names, model, cfg, init, hp, WordPieces.from_dir(init), docs, labels, sample,
+                  heads, args.no_wide, args.no_baseline, args.seed)  # fmt: skip
+
+
+# -- word pieces, embeddings, the probe ----------------------------------------------------------------------
+
+
+def tokenize(prep: Frozen) -> dict[str, int]:
+    """Every document's pieces as the server makes them: [CLS] + its first max_length - 2 pieces + [SEP]. Returns
+    how many documents of each part were longer (read by their head)."""
+    keep, cut = prep.cfg.max_length - 2, {}
+    for part, raws in prep.docs.items():
+        bodies = [prep.tok.pieces(r.decode("utf-8", errors="ignore")) for r in raws]  # heads may split a char
+        prep.seqs[part] = [prep.tok.wrap(b[:keep]) for b in bodies]
+        cut[part] = sum(len(b) > keep for b in bodies)
+    return cut
+
+
+@torch.inference_mode()
+def embed(prep: Frozen, seqs: Sequence[Sequence[int]], bar: Any = None) -> Tensor:
+    """Unit mean embeddings [N, D] of piece sequences, batched by length as pretrained.classifier.embed is (a
+    document's embedding does not depend on its batch: tested), in input order."""
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+    out = torch.zeros(len(seqs), prep.cfg.dim)
+    i = 0
+    while i < len(order):
+        j = i + 1  # ascending lengths: the batch grows while its longest (last) text times its size fits
+        while j < len(order) and (j - i + 1) * len(seqs[order[j]]) <= BATCH_PIECES:
+            j += 1
+        idx = order[i:j]
+        ids, mask = pad_pieces([seqs[k] for k in idx], prep.tok.pad_id)
+        out[idx] = mean_pool(prep.model.encoder(ids, mask), mask)  # [b, D]
+        if bar is not None:
+            bar.update(len(idx))
+        i = j
+    return out
+
+
+def probe_rate(prep: Frozen, clock: Callable[[], float]) -> float:
+    """Seconds per word piece of embedding here: a seeded few training documents (PROBE_PIECES at most, a long
+    one cut), after one warm-up document (the first call pays one-time costs)."""
+    order = list(range(len(prep.seqs["train"])))
+    random.Random(prep.seed).shuffle(order)
+    taken, pieces = [], 0
+    for i in order[:PROBE_DOCS]:
+        taken.append(prep.seqs["train"][i][: PROBE_PIECES - pieces])
+        pieces += len(taken[-1])
+        if pieces >= PROBE_PIECES:
+            break
+    embed(prep, taken[:1])
+    t0 = clock()
+    embed(prep, taken)
+    return (clock() - t0) / max(pieces, 1)
+
+
+def plan(prep: Frozen, phases: budget.Phases, budget_min: float, clock: str) -> budget.Plan:
+    """Tokenize, probe, estimate every phase; BudgetTooSmall (with the least budget) before any work."""
+    with phases.phase("probe"):
+        cut = tokenize(prep)
+        rate = probe_rate(prep, phases.clock)
+    pieces = {part: sum(map(len, seqs)) for part, seqs in prep.seqs.items()}
+    n, classes = len(prep.docs["train"]), len(prep.names)
+    train_bytes = sum(len(r[: _byte_length()]) for r in prep.docs["train"])
+    est = budget.Plan(
+        probe_s=phases.elapsed(),  # imports, reading the data, loading the encoder, tokenizing, the probe
+        wide_s=0.0 if prep.no_wide else budget.wide_s(train_bytes, n, classes),
+        baseline_s=0.0 if prep.no_baseline else budget.baseline_s(train_bytes, n, classes),
+        epoch_s=budget.SAFETY * rate * pieces["train"],
+        after_s=budget.SAFETY * (rate * (pieces["holdout"] + pieces["test"] + pieces["heads"])
+                                 + HEAD_S_PER_DOC_CLASS * n * max(classes, 2)) + EXPORT_S + budget.REPORT_S,
+    )  # fmt: skip
+    least = est.least_budget_min()
+    if least > budget_min:
+        raise BudgetTooSmall(
+            f"--time-budget {budget_min:g} min is too small for the frozen {prep.init.name} encoder to read this "
+            f"data with the rest of the run (estimated on the {clock} clock: {est.probe_s:.0f} s so far, reading the "
+            f"{n:,} training documents ({pieces['train']:,} word pieces) {est.epoch_s:.0f} s, wide path "
+            f"{est.wide_s:.0f} s, baseline {est.baseline_s:.0f} s, the holdout, test and ood documents, the head, "
+            f"export and report {est.after_s:.0f} s); use --time-budget {least:g} or more",
+            least,
+        )
+    prep.hp["budget_plan_s"] = {**est.record(), "seconds_per_piece": float(f"{rate:.3g}")}
+    prep.hp["pieces"] = {**pieces, "longer_than_max_length": cut}
+    _warn_long(prep, cut)
+    return est
+
+
+def _byte_length() -> int:
+    """Bytes the wide path and the baseline read of a document: what the default byte model reads."""
+    return get_config(DEFAULT_ARCH["text"]).max_length
+
+
+def _warn_long(prep: Frozen, cut: dict[str, int]) -> None:
+    total = cut["train"] + cut["holdout"] + cut["test"]
+    if total:
+        print(f"warning: {total} of {len(prep.data)} documents in {prep.data.source} are longer than the model's "
+              f"{prep.cfg.max_length:,} word pieces; this run reads their first {prep.cfg.max_length:,} pieces, "
+              "and so does the served model (config.json preprocessing.truncate = head; a request with "
+              "truncate=false gets 413 instead); raise --max-length to read more", file=sys.stderr)  # fmt: skip
+
+
+# -- the run -------------------------------------------------------------------------------------------------
+
+
+def fit(prep: Frozen, phases: budget.Phases, progress: str) -> FitState:
+    """The wide path and the baseline (for the report), every document read once, the head; tokenize() first."""
+    wide = None
+    train_raws = [r[: _byte_length()] for r in prep.docs["train"]]
+    if not prep.no_wide:
+        with phases.phase("wide"):
+            head = TfidfHead(userwide.wide_buckets(len(prep.names)), len(prep.names), utf8=True)
+            wide = head, userwide.fit_wide(head, train_raws, prep.labels["train"].tolist(), len(prep.names))
+    if not prep.no_baseline:
+        with phases.phase("baseline"):
+            probs, fit_s = text_baseline(prep.docs["train"], prep.labels["train"].tolist(), prep.docs["test"])
+            prep.baseline_result = probs, TEXT_BASELINE, fit_s
+    with phases.phase("embedding"):
+        feats = _embed_all(prep, progress)
+    with phases.phase("head"):
+        z = _fit_head(prep, feats)
+        if wide is not None:
+            prep.parts = report_parts(prep, *wide, z)
+            if progress != "quiet":
+                warn_parts(prep.parts)
+    return FitState(train_time_s=phases.seconds["embedding"] + phases.seconds["head"], history=[])
+
+
+def _embed_all(prep: Frozen, progress: str) -> dict[str, Tensor]:
+    total = sum(map(len, prep.seqs.values()))
+    bar = None
+    if progress == "bar":
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, desc="reading documents", unit="doc", dynamic_ncols=True, mininterval=1.0,
+                   leave=False)  # fmt: skip
+    try:
+        feats = {part: embed(prep, seqs, bar) for part, seqs in prep.seqs.items()}
+    finally:
+        if bar is not None:
+            bar.close()
+    if progress == "json":
+        print(json.dumps({"event": "embedded", "documents": total, "pieces": prep.hp["pieces"]}), flush=True)
+    return feats
+
+
+def warn_parts(parts: dict[str, Any]) -> None:
+    """On stderr, when the holdout says a part that cannot be served here beats the served encoder (measured on
+    mixed-language messages: the encoder alone 75.5% on the test split, the wide path 90.0%, the blend 92.3%)."""
+    would = parts["served"]["holdout_rule_would_serve"]
+    if would == "encoder":
+        return
+    acc = {key: parts[key]["holdout_accuracy"] for key in ("encoder", "wide", "blend")}
+    print(f"warning: on the holdout the served encoder alone is right {acc['encoder']:.1%} of the time, the wide path "
+          f"{acc['wide']:.1%}, their blend {acc['blend']:.1%}; a word-piece graph cannot hold the wide path, so the "
+          f"encoder alone is served (config.json metrics.parts; the holdout rule would serve the {would}); the "
+          "default byte encoder (no --init) keeps the wide path in its graph", file=sys.stderr)  # fmt: skip
+
+
+def two_columns(weight: Tensor, bias: Tensor, classes: int) -> tuple[Tensor, Tensor]:
+    """A binary logistic regression's one score column ([1, D], [1]) as two ([2, D], [2]): -z/2 for class 0,
+    +z/2 for class 1, whose softmax is its sigmoid; any other head as it is."""
+    if classes == 2 and weight.shape[0] == 1:
+        return torch.cat([-weight / 2, weight / 2]), torch.cat([-bias / 2, bias / 2])
+    return weight, bias
+
+
+def _fit_head(prep: Frozen, feats: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The head on the training embeddings (C by holdout log-loss), installed in the model; each part's
+    (logits, features, labels) cached for the serving head. Returns the holdout and test logits."""
+    y = {part: torch.from_numpy(np.asarray(v)) for part, v in prep.labels.items()}
+    weight, bias, notes = fit_head(feats["train"], y["train"], feats["holdout"], y["holdout"])
+    weight, bias = two_columns(weight, bias, len(prep.names))
+    head = prep.model.head
+    with torch.no_grad():
+        head.weight.copy_(weight)
+        head.bias.copy_(bias)
+        where = {pair: j for j, pair in enumerate(prep.heads)}
+        f_ood = torch.cat([feats["train"][prep.ood_sample]] + [
+            torch.stack([feats["heads"][where[(i, n)]] if (i, n) in where else feats["train"][i]
+                         for i in prep.ood_sample]) for n in TEXT_HEADS])  # fmt: skip
+        y_ood = y["train"][prep.ood_sample].repeat(1 + len(TEXT_HEADS))
+        prep.cached = {"train": (head(f_ood), f_ood, y_ood)}
+        for part in ("holdout", "test"):
+            prep.cached[part] = (head(feats[part]), feats[part], y[part])
+    prep.hp["head"] = notes
+    return {part: prep.cached[part][0] for part in ("holdout", "test")}
+
+
+def report_parts(prep: Frozen, head: TfidfHead, wide_fit: userwide.WideFit, z: dict[str, Tensor]) -> dict[str, Any]:
+    """config.json metrics.parts: the encoder (served), the wide path alone and their blend on the holdout and
+    test splits, and which of them a byte model's holdout rule (wide.choose_served) would have served."""
+    cut = _byte_length()
+    hold_y, test_y = prep.labels["holdout"], prep.labels["test"]
+    z_enc = {part: z[part].double().numpy() for part in ("holdout", "test")}
+    z_wide = {part: wide_fit.logits(userwide.features(head, [r[:cut] for r in prep.docs[part]]))
+              for part in ("holdout", "test")}  # fmt: skip
+    a, b = userwide.choose_blend(z_enc["holdout"], z_wide["holdout"], hold_y)
+    weights = {"blend": (a, b), "wide": (0.0, 1.0), "encoder": (1.0, 0.0)}
+    rule = userwide.choose_served(z_enc["holdout"], z_wide["holdout"], hold_y, weights)
+
+    def acc(part: str, pair: tuple[float, float]) -> float | None:
+        y = hold_y if part == "holdout" else test_y
+        zz = pair[0] * z_enc[part] + pair[1] * z_wide[part]
+        return round(float((zz.argmax(1) == y).mean()), 4) if len(y) else None
+
+    scored = {key: {f"{part}_accuracy": acc(part, w) for part in ("holdout", "test")} for key, w in weights.items()}
+    return {
+        "served": {"part": "encoder", "encoder_weight": 1.0, "wide_weight": 0.0,
+                   "why": f"the frozen {prep.init.name} encoder with its head; the wide path lives in the byte "
+                   "model's graph, not in a word-piece one, so it and the blend are scored here only; a byte "
+                   f"model's holdout rule would have served the {rule['part']}",
+                   "holdout": rule.get("holdout"), "holdout_rule_would_serve": rule["part"]},
+        "blend": {"encoder": a, "wide": b, "chosen_on": "holdout NLL", "grid": list(userwide.BLEND_GRID),
+                  **scored["blend"]},
+        "encoder": scored["encoder"],
+        "wide": {**scored["wide"], "buckets": head.buckets, "utf8_words": head.utf8, **wide_fit.choice.record()},
+    }  # fmt: skip

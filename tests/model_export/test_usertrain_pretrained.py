@@ -1,0 +1,237 @@
+"""`lara train --init <word-piece model>` (lara_serve.model_export.your_data.pretrained_init): the encoder kept frozen,
+a head fitted on its mean embeddings, the folder served as a word-piece model.
+
+A tiny bert_lara classifier with its own tokenizer.json stands in for lara-news-minilm as --init DIR; one run per
+module, served once by a live server. The shipped name is checked to resolve and load without reading any data
+through it (its budget is refused before any work).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+from user_samples import VOCAB, write_images, write_texts
+
+from lara_serve.clients.client import LaraClient
+from lara_serve.model_export.models.config import AttentionConfig, BertTextConfig
+from lara_serve.model_export.models.hub import load_pretrained, make_config_dict
+from lara_serve.model_export.models.registry import build_model
+from lara_serve.model_export.pretrained.classifier import save_half
+from lara_serve.model_export.pretrained.teacher import WordPieces
+from lara_serve.model_export.your_data import pretrained_init
+from lara_serve.model_export.your_data.command import SHIPPED, add_arguments, main, prepare
+from lara_serve.server.testing import server_process
+from tests.model_export.test_pretrained_teacher import write_tokenizer
+
+WORDS = sorted({w for words in VOCAB.values() for w in words} | {"the", "a", "of"})
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS, *LETTERS, *(f"##{c}" for c in LETTERS)]
+TINY = BertTextConfig(
+    vocab_size=len(TOKENS), dim=32, depth=2, heads=4, mlp_dim=64, max_positions=16, max_length=128, num_classes=2,
+    attention=AttentionConfig(kind="lara", num_landmarks=8, landmark_module="none"),
+)  # fmt: skip
+MAX_PIECES = 64  # --max-length of the run (the least the export takes): texts of 8-80 words, some cut
+RUN = ["--threads", "1", "--quiet", "--time-budget", "10", "--clock", "cpu"]
+
+
+def tiny_word_piece_dir(folder: Path) -> Path:
+    """A random tiny bert_lara classifier folder (2 classes, float16 storage) with its tokenizer.json."""
+    torch.manual_seed(0)
+    model = build_model(TINY, seed=0)
+    with torch.no_grad():  # weights of a realistic scale (the defaults leave LayerNorms at identity)
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    save_half(model.eval(), make_config_dict(folder.name, TINY, ["x", "y"], seed=0), folder)
+    write_tokenizer(folder / "tokenizer.json", TOKENS)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("usertrain_pretrained")
+    write_texts(root / "news.jsonl")
+    tiny_word_piece_dir(root / "tiny-wp")
+    rc = main([str(root / "news.jsonl"), "--out", str(root / "repo" / "news"), "--init", str(root / "tiny-wp"),
+               "--max-length", str(MAX_PIECES), *RUN])  # fmt: skip
+    assert rc == 0
+    return root
+
+
+@pytest.fixture(scope="module")
+def live_url(work: Path) -> Iterator[str]:
+    env = {"LARA_MODEL_REPOSITORY": str(work / "repo"), "LARA_NUM_THREADS": "1", "LARA_MAX_QUEUE_DELAY_MS": "1"}
+    with server_process(["--log-level", "warning"], env=env) as url:
+        yield url
+
+
+def _ids(folder: Path, text: str, max_pieces: int) -> dict[str, torch.Tensor]:
+    ids = torch.tensor([WordPieces.from_dir(folder).encode(text, max_pieces)])
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def test_the_folder_is_a_word_piece_model_with_the_frozen_encoder(work: Path) -> None:
+    out = work / "repo" / "news"
+    conf = json.loads((out / "config.json").read_text())
+    assert conf["model"]["arch"] == "bert_lara" and conf["model"]["readout"] == "mean"
+    assert conf["model"]["num_classes"] == 3 and conf["labels"] == ["money", "sport", "tech"]
+    assert conf["preprocessing"] == {"kind": "wordpiece", "max_length": MAX_PIECES, "pad_id": 0,
+                                     "tokenizer": "tokenizer.json", "truncate": "head"}  # fmt: skip
+    assert (out / "tokenizer.json").read_bytes() == (work / "tiny-wp" / "tokenizer.json").read_bytes()
+    assert conf["export"]["lara_nodes"] == TINY.depth and conf["export"]["output_names"] == ["logits", "ood_score"]
+    # Frozen: every encoder tensor is the --init model's, bit for bit; the head is new (3 classes, not 2).
+    mine, init = (
+        load_file(str(out / "1" / "model.safetensors")),
+        load_file(str(work / "tiny-wp" / "1" / "model.safetensors")),
+    )
+    encoder = [k for k in init if k.startswith("encoder.")]
+    assert encoder and all(torch.equal(mine[k].float(), init[k].float()) for k in encoder)
+    assert mine["head.weight"].shape == (3, TINY.dim) and "serving.ood_whiten" in mine
+    training = conf["training"]
+    assert training["init"] == str(work / "tiny-wp") and training["augment"] is False
+    assert training["schedule"].startswith("none") and training["head"]["C"] in (1.0, 3.0, 10.0, 30.0, 100.0)
+    assert training["pieces"]["longer_than_max_length"]["train"] > 0  # 8-80 words, read up to 64 pieces
+    assert set(training["phases_s"]) >= {"probe", "wide", "baseline", "embedding", "head", "serving head", "export"}
+    assert training["budget_plan_s"]["seconds_per_piece"] > 0 and training["run_s"] <= 600
+    assert training["ood_fit"]["documents"] == 36 and conf["ood"]["threshold"] > 0
+
+
+def test_the_report_names_the_served_part_and_scores_each(work: Path) -> None:
+    out = work / "repo" / "news"
+    conf, report = json.loads((out / "config.json").read_text()), json.loads((out / "report.json").read_text())
+    parts = conf["metrics"]["parts"]
+    assert parts["served"]["part"] == "encoder" and parts["served"]["wide_weight"] == 0.0
+    assert parts["served"]["holdout_rule_would_serve"] in ("blend", "wide", "encoder")
+    # The served model is the encoder alone: its test accuracy is the report's (the temperature keeps argmax).
+    assert parts["encoder"]["test_accuracy"] == report["lara"]["accuracy"]
+    assert 0.0 <= parts["wide"]["test_accuracy"] <= 1.0 and report["baseline"]["name"].startswith("TF-IDF")
+    md = (out / "report.md").read_text()
+    assert "Served: the encoder alone (the frozen tiny-wp encoder" in md and "| encoder (served) |" in md
+    assert "Recipe: frozen tiny-wp encoder + logistic-regression head" in md
+
+
+def test_the_head_was_fitted_on_what_the_served_graph_computes(work: Path) -> None:
+    """The report's test predictions come from embeddings batched by length; the model read one document at a
+    time must predict the same (the head would otherwise be fitted on other features than it is served)."""
+    out = work / "repo" / "news"
+    model = load_pretrained(out)
+    split = json.loads((out / "split.json").read_text())
+    rows = (work / "news.jsonl").read_text().splitlines()
+    texts = [json.loads(rows[int(i.split()[1]) - 1])["text"] for i in split["ids"]["test"]]
+    with torch.inference_mode():
+        alone = [int(model(**_ids(out, t, MAX_PIECES)).argmax()) for t in texts]
+    assert alone == json.loads((out / "report.json").read_text())["predictions"]["lara"]
+
+
+def test_served_by_the_onnx_backend_as_torch_computes_it(work: Path, live_url: str) -> None:
+    out = work / "repo" / "news"
+    text = "the bank and the market: stock price and profit"
+    long = " ".join(["goal", "match", "team"] * 30)  # 90 pieces > 64: read by its head, as in training
+    with LaraClient(live_url) as client:
+        got = client.classify("news", text, top_k=3)
+        head = client.classify("news", long, truncate="head", top_k=3)
+    with httpx.Client(base_url=live_url, timeout=30) as http:
+        silent = http.post("/v1/models/news:predict", json={"instances": [long]}).json()["predictions"][0]
+    with torch.inference_mode():
+        logits, ood = load_pretrained(out, serving=True)(**_ids(out, text, MAX_PIECES))
+    probs = torch.softmax(logits, -1)[0].numpy()
+    labels = ["money", "sport", "tech"]
+    assert got.label == labels[int(np.argmax(probs))]
+    assert {t.label: t.score for t in got.top_k} == pytest.approx(
+        dict(zip(labels, probs.tolist(), strict=True)), abs=1e-4
+    )
+    assert got.ood_score == pytest.approx(float(ood[0]), rel=1e-3)
+    assert head.truncated and silent["truncated"] is True and silent["score"] == pytest.approx(head.score, abs=1e-6)
+
+
+def _args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_the_shipped_name_resolves_to_its_frozen_encoder(tmp_path: Path) -> None:
+    if not (SHIPPED / "lara-news-minilm" / "1" / "model.safetensors").is_file():
+        pytest.skip("lara-news-minilm is not in model_repository/")
+    write_texts(tmp_path / "d.jsonl")
+    argv = [str(tmp_path / "d.jsonl"), "--out", str(tmp_path / "m")]
+    assert pretrained_init.applies(_args([*argv, "--init", "lara-news-minilm"]))
+    assert not any(pretrained_init.applies(_args([*argv, *more])) for more in ([], ["--init", "none"],
+                                                                                 ["--init", "lara-text-news"]))  # fmt: skip
+    prep = prepare(_args([*argv, "--init", "lara-news-minilm"]))
+    assert isinstance(prep, pretrained_init.Frozen) and prep.init == SHIPPED / "lara-news-minilm"
+    shipped = load_pretrained(SHIPPED / "lara-news-minilm")
+    assert prep.cfg == dataclasses.replace(shipped.cfg, num_classes=3, readout="mean")
+    assert all(torch.equal(a, b) for a, b in zip(prep.model.encoder.state_dict().values(),
+                                                   shipped.encoder.state_dict().values(), strict=True))  # fmt: skip
+    assert not any(p.requires_grad for p in prep.model.parameters()) and not (tmp_path / "m").exists()
+
+
+def test_a_budget_too_small_for_the_shipped_encoder_names_the_least(tmp_path: Path, capsys) -> None:
+    if not (SHIPPED / "lara-news-minilm" / "1" / "model.safetensors").is_file():
+        pytest.skip("lara-news-minilm is not in model_repository/")
+    write_texts(tmp_path / "d.jsonl")
+    rc = main([str(tmp_path / "d.jsonl"), "--out", str(tmp_path / "m"), "--init", "lara-news-minilm",
+               "--time-budget", "0.2", "--clock", "cpu", "--threads", "1", "--quiet"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 2 and "too small for the frozen lara-news-minilm encoder" in err and "word pieces" in err
+    least = float(err.rsplit("use --time-budget ", 1)[1].split()[0])
+    assert least >= pretrained_init.EXPORT_S / 60 and not (tmp_path / "m").exists()
+    assert not (tmp_path / ".m.lara-train").exists()
+
+
+@pytest.mark.parametrize(
+    ("more", "message"),
+    [
+        (["--pooling", "passages"], "--pooling passages does not apply to --init lara-news-minilm"),
+        (["--no-case-fold"], "--no-case-fold does not apply to --init lara-news-minilm: its word-piece tokenizer"),
+        (["--epochs", "2"], "--epochs does not apply"),
+        (["--resume"], "--resume does not apply"),
+        (["--no-augment"], "--no-augment does not apply"),
+        (["--max-length", "32"], "--max-length must be at least 64 (the export traces 64 tokens), got 32"),
+        ("images", "is a word-piece text encoder and"),
+    ],
+)
+def test_options_and_data_that_do_not_apply_are_usage_errors(tmp_path: Path, capsys, more, message: str) -> None:
+    if more == "images":
+        write_images(tmp_path / "data")
+        data, more = tmp_path / "data", []
+    else:
+        data = tmp_path / "d.jsonl"
+        write_texts(data)
+    rc = main([str(data), "--out", str(tmp_path / "m"), "--init", "lara-news-minilm", "--quiet", *more])
+    assert rc == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "m").exists() and not (tmp_path / ".m.lara-train").exists()
+
+
+def test_a_binary_head_becomes_two_columns_with_the_same_probabilities() -> None:
+    from sklearn.linear_model import LogisticRegression
+
+    g = np.random.default_rng(0)
+    x, y = g.standard_normal((40, 5)), np.arange(40) % 2
+    clf = LogisticRegression().fit(x, y)
+    w, b = pretrained_init.two_columns(torch.tensor(clf.coef_), torch.tensor(clf.intercept_), 2)
+    assert w.shape == (2, 5) and b.shape == (2,)
+    probs = torch.softmax(torch.from_numpy(x) @ w.T + b, -1).numpy()
+    np.testing.assert_allclose(probs, clf.predict_proba(x), atol=1e-12)
+    same = torch.ones(3, 5), torch.zeros(3)
+    assert pretrained_init.two_columns(*same, 3) == same
+
+
+def test_a_warning_when_the_holdout_prefers_a_part_that_cannot_be_served(capsys) -> None:
+    parts = {"served": {"holdout_rule_would_serve": "blend"}, "encoder": {"holdout_accuracy": 0.83},
+             "wide": {"holdout_accuracy": 0.9}, "blend": {"holdout_accuracy": 0.925}}  # fmt: skip
+    pretrained_init.warn_parts(parts)
+    err = capsys.readouterr().err
+    assert "encoder alone is right 83.0%" in err and "blend 92.5%" in err and "would serve the blend" in err
+    parts["served"]["holdout_rule_would_serve"] = "encoder"
+    pretrained_init.warn_parts(parts)
+    assert capsys.readouterr().err == ""
