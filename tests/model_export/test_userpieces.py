@@ -51,3 +51,19 @@ def test_the_pieces_give_the_whole_batchs_gradient_loss_and_count() -> None:
     scale = max(float(g.abs().max()) for g in whole)
     for a, b in zip(whole, cut, strict=True):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5 * scale)
+
+
+def test_outputs_after_training_in_chunks_equal_one_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The serving head's text outputs, computed in length-sorted chunks with memory handed back between them,
+    come back in input order and equal one call's."""
+    from lara_serve.model_export.head.finalize import text_outputs
+    from lara_serve.model_export.your_data import prepare
+
+    model = build_model(get_config("tiny-text", num_classes=3, max_length=1024), seed=0).eval()
+    raws = [bytes([97 + (i * 7 + j) % 26 for j in range(40 + (i * 37) % 300)]) for i in range(11)]
+    monkeypatch.setattr(prepare, "OUTPUT_CHUNK", 3)
+    z, f = prepare.chunked_outputs(model, raws)
+    z1, f1 = text_outputs(model, raws)
+    assert z.shape == z1.shape and f.shape == f1.shape
+    torch.testing.assert_close(z, z1, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(f, f1, rtol=1e-4, atol=1e-5)
