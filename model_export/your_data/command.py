@@ -140,12 +140,7 @@ def _run_frozen(args: argparse.Namespace, prep: pretrained_init.Frozen, phases: 
         shutil.rmtree(stage, ignore_errors=True)
         progress = "quiet" if args.quiet else "json" if args.json_lines else "bar"
         state = pretrained_init.fit(prep, phases, progress)
-        metrics = finish(args, prep, state, stage, phases)
-        budget.record_time(stage, phases, args.time_budget)
-        if args.out.exists():
-            shutil.rmtree(args.out)  # check_out allowed it: --overwrite, or an empty folder
-        stage.rename(args.out)
-        shutil.rmtree(work)
+        metrics = _publish(args, prep, state, stage, work, phases)
     except BaseException as exc:
         _clean_up(work, created, full=isinstance(exc, OSError) and exc.errno == errno.ENOSPC)
         raise
@@ -200,6 +195,14 @@ def _train_and_write(args, prep: Prepared, settings: FitSettings, work: Path, me
             prep.parts = userwide.attach(prep.model, *wide, prep.wide, deep)
     stage = work / "stage"
     shutil.rmtree(stage, ignore_errors=True)
+    return _publish(args, prep, state, stage, work, phases)
+
+
+def _publish(
+    args: argparse.Namespace, prep: Any, state: Any, stage: Path, work: Path, phases: budget.Phases
+) -> dict[str, Any]:
+    """The serving head, export and report into the stage folder, its time recorded, then the stage moved into
+    --out (replacing what check_out allowed to be replaced) and the work folder removed."""
     metrics = finish(args, prep, state, stage, phases)
     budget.record_time(stage, phases, args.time_budget)
     if args.out.exists():
