@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -70,12 +71,30 @@ def train_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
     with log.open("w") as f:
         f.write(" ".join(cmd) + "\n")
         f.flush()
-        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=False).returncode
-    if rc != 0:
-        return {"set": name, "error": f"exit {rc}; see {log}"}
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+        # wait4: this run's own rusage (RUSAGE_CHILDREN would mix the sets trained at once)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        return {"set": name, "error": f"exit {proc.returncode}; see {log}"}
     summary = summarize(name, out)
     summary["wall_s"] = round(time.perf_counter() - t0, 1)
+    # the whole command (wide path, training, calibration, ood fit, export, report), not the loop alone
+    summary["run_cpu_s"] = round(usage.ru_utime + usage.ru_stime, 1)
+    summary["run_cpu_vs_budget"] = round(summary["run_cpu_s"] / (60 * args.budget), 3)
+    summary["peak_rss_gib"] = round(usage.ru_maxrss / 2**20, 2)  # ru_maxrss is KiB on Linux
+    (args.work / f"{name}.cost.json").write_text(json.dumps({k: summary[k] for k in COST_KEYS}))
     return summary
+
+
+COST_KEYS = ("wall_s", "run_cpu_s", "run_cpu_vs_budget", "peak_rss_gib")
+
+
+def reread(name: str, work: Path) -> dict[str, Any]:
+    """A finished run's summary, with the cost its training recorded when there is one (--report-only)."""
+    row = summarize(name, work / "models" / name)
+    cost = work / f"{name}.cost.json"
+    return {**row, **json.loads(cost.read_text())} if cost.exists() else row
 
 
 def summarize(name: str, out: Path) -> dict[str, Any]:
@@ -120,12 +139,12 @@ def markdown(rows: list[dict[str, Any]], budget: float, train_args: str = "") ->
         "same test split (95% Wilson intervals; the difference paired, 95% bootstrap).",
         "",
         "| set | examples (test) | LARA accuracy | baseline accuracy | LARA - baseline | macro-F1 LARA / baseline "
-        "| ECE | epochs | encoder alone / wide path alone (blend) | baseline |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| ECE | epochs | encoder alone / wide path alone (blend) | baseline | run CPU (of budget) / peak RSS |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['set']} | {r['error']} | | | | | | | | |")
+            lines.append(f"| {r['set']} | {r['error']} | | | | | | | | | |")
             continue
         d = r["lara_minus_baseline"]
         lines.append(
@@ -134,7 +153,7 @@ def markdown(rows: list[dict[str, Any]], budget: float, train_args: str = "") ->
             f"{100 * r['baseline_accuracy']:.1f}% ({100 * r['baseline_interval'][0]:.1f}-"
             f"{100 * r['baseline_interval'][1]:.1f}) | {100 * d['diff']:+.1f} ({100 * d['lo']:+.1f} to "
             f"{100 * d['hi']:+.1f}) | {r['lara_macro_f1']:.3f} / {r['baseline_macro_f1']:.3f} | "
-            f"{100 * r['lara_ece']:.1f}% | {r['epochs']} | {_parts(r)} | {r['baseline']} |"
+            f"{100 * r['lara_ece']:.1f}% | {r['epochs']} | {_parts(r)} | {r['baseline']} | {_cost(r)} |"
         )
     if any("blend" in r for r in rows):
         lines += ["", "Text models blend the encoder's logits with a wide path inside the same graph (hashed word "
@@ -142,6 +161,12 @@ def markdown(rows: list[dict[str, Any]], budget: float, train_args: str = "") ->
                   "a x encoder + b x wide chosen on the holdout: lara_serve.model_export.your_data.wide). The parts column scores "
                   "each alone on the same test split."]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _cost(r: dict[str, Any]) -> str:
+    if "run_cpu_s" not in r:  # a run summarized from an older report
+        return "-"
+    return f"{r['run_cpu_s'] / 60:.1f} min ({100 * r['run_cpu_vs_budget']:.0f}%) / {r['peak_rss_gib']:.2f} GiB"
 
 
 def _parts(r: dict[str, Any]) -> str:
@@ -191,7 +216,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
     if args.report_only:
-        rows = [summarize(s, args.work / "models" / s) for s in args.sets if (args.work / "models" / s).is_dir()]
+        rows = [reread(s, args.work) for s in args.sets if (args.work / "models" / s).is_dir()]
     else:
         with ThreadPoolExecutor(args.parallel) as pool:
             rows = list(pool.map(lambda s: train_one(s, args), args.sets))

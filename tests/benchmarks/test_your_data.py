@@ -60,7 +60,9 @@ def test_summary_and_table_of_a_finished_run(tmp_path: Path) -> None:
     table = yd.markdown([worse, level, {"set": "broken", "error": "exit 2"}], 15)
     assert "| worse | 43 (10) | 80.0% (49.0-94.3) | 100.0% (72.2-100.0) | -20.0" in table
     assert "| broken | exit 2 |" in table and "15-minute" in table
-    assert table.splitlines()[4].endswith("| 4 | - | tfidf |")  # the baseline named on its row; no parts
+    assert table.splitlines()[4].endswith("| 4 | - | tfidf | - |")  # the baseline named on its row; no parts
+    costed = {**level, "run_cpu_s": 990.0, "run_cpu_vs_budget": 1.1, "peak_rss_gib": 2.5}  # as train_one adds
+    assert yd.markdown([costed], 15).splitlines()[4].endswith("| tfidf | 16.5 min (110%) / 2.50 GiB |")
     assert "default recipe" in table
     assert "`--pooling passages`" in yd.markdown([level], 15, "--pooling passages")  # what the run changed
 
