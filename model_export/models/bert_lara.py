@@ -228,6 +228,38 @@ class AttentionPool(nn.Module):
         return nn.functional.normalize((w.unsqueeze(1) @ x).squeeze(1), p=2, dim=-1)  # [B, D]
 
 
+def window_layout(
+    input_ids: Tensor, attention_mask: Tensor, window: int, cls_id: int, sep_id: int, pad_id: int = 0
+) -> tuple[Tensor, Tensor, Tensor]:
+    """[CLS] + pieces + [SEP] rows ([B, N], right-padded, as the server sends them) -> the same pieces in
+    windows of `window`, each its own [CLS] + pieces + [SEP]: (ids [B*J, W+2], attention mask [B*J, W+2],
+    read mask [B, J*(W+2)]), J = ceil(N / W). The read mask is what a readout pools: every real window's
+    slots, and the first window's always (an empty document reads [CLS] [SEP], as whole).
+
+    A window past a shorter row's end (batch padding) is read as [CLS] [SEP] (an all-masked row has no
+    softmax) and left out of the read mask, so a document's answer does not depend on its neighbours."""
+    b, n = input_ids.shape
+    valid = attention_mask > 0
+    count = valid.sum(1, keepdim=True)  # [B, 1]: [CLS] + pieces + [SEP]
+    # the pieces alone, shifted left by one ([CLS] off, one pad slot at the end), [SEP] masked out
+    stream = torch.cat([input_ids[:, 1:], torch.full_like(input_ids[:, :1], pad_id)], 1)  # [B, N]
+    pos = torch.arange(n, device=input_ids.device)[None]
+    real = torch.cat([valid[:, 1:], torch.zeros_like(valid[:, :1])], 1) & (pos < count - 2)  # [B, N]
+    pad = (window - n % window) % window
+    stream = nn.functional.pad(torch.where(real, stream, pad_id), (0, pad), value=pad_id).reshape(-1, window)
+    real = nn.functional.pad(real, (0, pad), value=False).reshape(-1, window)  # [B*J, W]
+    pieces = real.sum(1, keepdim=True)  # [B*J, 1]
+    ends = torch.full_like(stream[:, :1], pad_id)
+    ids = torch.cat([torch.full_like(ends, cls_id), stream, ends], 1)  # [B*J, W+2]
+    slot = torch.arange(window + 2, device=input_ids.device)[None]
+    ids = torch.where(slot == pieces + 1, torch.full_like(ids, sep_id), ids)
+    mask = slot <= pieces + 1  # [B*J, W+2]
+    per_row = pieces.reshape(b, -1)  # [B, J]
+    first = (torch.ones_like(per_row).cumsum(1) == 1).reshape(-1, 1)  # [B*J, 1]: each row's first window
+    read = (mask & ((pieces > 0) | first)).reshape(b, -1)  # [B, J*(W+2)]
+    return ids, mask.long(), read.long()
+
+
 class LaraBertClassifier(nn.Module):
     """forward(input_ids [B, N], attention_mask [B, N]) -> logits [B, C]: the LARA student reading the whole
     document in one pass, its unit-length masked-mean embedding (the teacher's sentence embedding) or, with
@@ -246,16 +278,30 @@ class LaraBertClassifier(nn.Module):
         self.pool = AttentionPool(cfg.dim) if cfg.readout == "attention" else None
 
     def forward_features(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        return self.encoder(input_ids, attention_mask)  # [B, N, D]
+        """[B, N, D], or with a window [B, J*(W+2), D]: every window's vectors, the rows `read_mask` names."""
+        if not self.cfg.window:
+            return self.encoder(input_ids, attention_mask)  # [B, N, D]
+        ids, mask, _ = self.layout(input_ids, attention_mask)
+        return self.encoder(ids, mask).reshape(input_ids.shape[0], -1, self.cfg.dim)
+
+    def layout(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        c = self.cfg
+        return window_layout(input_ids, attention_mask, c.window, c.cls_id, c.sep_id, self.encoder.cfg.pad_id)
+
+    def read_mask(self, attention_mask: Tensor) -> Tensor:
+        """Which rows of forward_features the readouts pool: the mask itself, or the windows' read mask."""
+        if not self.cfg.window:
+            return attention_mask
+        return self.layout(torch.zeros_like(attention_mask), attention_mask)[2]  # depends on the mask only
 
     def forward_pooled(self, x: Tensor, attention_mask: Tensor) -> Tensor:
-        return mean_pool(x, attention_mask)  # [B, D], unit length
+        return mean_pool(x, self.read_mask(attention_mask))  # [B, D], unit length
 
     def forward_readout(self, x: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
         """(logits [B, C], the masked mean [B, D]): the ood score reads the mean, which counts every piece (a
         document that is mostly not news should look so), the head reads the attention pool when there is one."""
         pooled = self.forward_pooled(x, attention_mask)
-        read = pooled if self.pool is None else self.pool(x, attention_mask)
+        read = pooled if self.pool is None else self.pool(x, self.read_mask(attention_mask))
         return self.head(read), pooled  # [B, C], [B, D]
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:

@@ -139,6 +139,12 @@ class BertTextConfig:
     landmark_module: Literal["none", "residual", "light"] = "residual"
     num_classes: int = 5
     readout: Literal["mean", "attention"] = "mean"
+    # 0: the document is read whole, one pass. W > 0: its pieces are read in windows of W, each window alone
+    # as [CLS] + W pieces + [SEP] (W = 510 is the teacher's own 512), the readout over every window's vectors:
+    # text around an article can no longer mix into the article's vectors (bert_lara.window_layout).
+    window: int = 0
+    cls_id: int = 101  # the tokenizer's [CLS] and [SEP]: what each window is wrapped in
+    sep_id: int = 102
     attention: AttentionConfig = field(
         default_factory=lambda: AttentionConfig(kind="lara", num_landmarks=64, landmark_module="none")
     )
@@ -146,6 +152,8 @@ class BertTextConfig:
     def __post_init__(self) -> None:
         _one_of("landmark_module", self.landmark_module, ("none", "residual", "light"))
         _one_of("readout", self.readout, ("mean", "attention"))
+        if self.window < 0 or self.window == 1:
+            raise ValueError(f"window must be 0 (whole documents) or at least 2 pieces, got {self.window}")
         if self.attention.kind != "lara":
             raise ValueError(f"a bert_lara model reads through LARA; attention kind {self.attention.kind!r} given")
 

@@ -79,14 +79,14 @@ def round_to_half(model: nn.Module, min_elements: int = HALF_MIN_ELEMENTS) -> in
 
 
 def served_config(
-    student_cfg: StudentConfig, encoder: BertEncoder, max_length: int, readout: str = "mean"
+    student_cfg: StudentConfig, encoder: BertEncoder, max_length: int, readout: str = "mean", window: int = 0
 ) -> BertTextConfig:
     b = encoder.cfg
     return BertTextConfig(
         vocab_size=b.vocab_size, dim=b.dim, depth=b.depth, heads=b.heads, mlp_dim=b.mlp_dim,
         max_positions=b.max_positions, type_vocab_size=b.type_vocab_size, norm_eps=b.norm_eps,
         max_length=max_length, landmark_module=student_cfg.landmark_module, num_classes=len(NEWS_LABELS),
-        readout=readout, attention=AttentionConfig(kind="lara", num_landmarks=student_cfg.num_landmarks, landmark_module="none",
+        readout=readout, window=window, attention=AttentionConfig(kind="lara", num_landmarks=student_cfg.num_landmarks, landmark_module="none",
                                   alpha_coeff=student_cfg.alpha_coeff, eval_noise=student_cfg.eval_noise),
     )  # fmt: skip
 
@@ -147,20 +147,23 @@ def accuracy_by_form(logits: Tensor, y: Tensor, forms: Sequence[str]) -> dict[st
 
 def build(
     student_dir: Path, out: Path, max_length: int, threads: int, seed: int = 0, limit: int = 0,
-    readout: str = "mean", cache: Path | None = None,
+    readout: str = "mean", cache: Path | None = None, window: int = 0,
 ) -> dict[str, Any]:  # fmt: skip
     """The whole build (module docstring); limit > 0 keeps that many documents of each split (smoke runs);
-    readout "attention" trains `robust_head`'s pool; cache: a folder keeping token vectors between builds."""
+    readout "attention" trains `robust_head`'s pool; cache: a folder keeping token vectors between builds
+    (one per student and window); window > 0: documents read in windows of that many pieces."""
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
     teacher, tok = load_teacher()
     student = merge_adapters(load_student(student_dir, teacher))
     scfg = StudentConfig.from_dict(json.loads((student_dir / "student.json").read_text()))
-    cfg = served_config(scfg, student, max_length, readout)
+    cfg = served_config(scfg, student, max_length, readout, window)
     classifier = LaraBertClassifier(cfg, seed=scfg.seed)
     classifier.encoder.load_state_dict(student.state_dict(), strict=True)
     rounded = round_to_half(classifier.encoder)
     encoder = classifier.encoder.eval()
+    reader = classifier.eval() if window else encoder  # what reads a text into the vectors its readout pools
+    use_tokens = readout == "attention" or window > 0
 
     train = load_news("train")
     fit_docs = [d for d in train if not in_holdout(d.text)]
@@ -173,9 +176,9 @@ def build(
     sets, tokens = {}, {}
     for name, docs, s in (("fit", fit_docs, seed), ("val", val_docs, seed + 1), ("test", test_docs, seed + 2)):
         texts, ys, forms = with_forms([d.text for d in docs], [d.label for d in docs], s)
-        if readout == "attention":
+        if use_tokens:
             tokens[name] = cached(
-                cache, name, texts, lambda t=texts, n=name: token_states(encoder, tok, t, max_length, n)
+                cache, name, texts, lambda t=texts, n=name: token_states(reader, tok, t, max_length, n)
             )
             features = tokens[name].means()
         else:
@@ -189,7 +192,7 @@ def build(
         z = {k: classifier.head(v[0]) for k, v in sets.items()}
     z_temperature, y_temperature = z["val"], y_val
     if readout == "attention":
-        fitted = robust_readout(classifier, encoder, tok, tokens, (y_fit, y_val), max_length, cache, seed)
+        fitted = robust_readout(classifier, reader, tok, tokens, (y_fit, y_val), max_length, cache, seed)
         head_notes = {"init": head_notes, "attention_pool": fitted.notes}
         z = {k: pool_logits(fitted, tokens[k]) for k in sets}
         z_temperature, y_temperature = fitted.notes.pop("holdout_with_filler")
@@ -207,7 +210,7 @@ def build(
         "test": test_by_form,
         "note": "BBC test split, read only to report; forms from model_export/pretrained/wrappers.py",
     }
-    if readout == "attention":  # the fit's shortcut (token vectors read apart) checked on composites read whole
+    if use_tokens:  # the fit's shortcut (token vectors read apart) checked on composites read whole
         few = val_docs[:: max(1, len(val_docs) // REAL_COMPOSITES)][:REAL_COMPOSITES]
         metrics["holdout"]["real_composites"] = [
             real_composites(classifier.eval(), tok, [d.text for d in few], [d.label for d in few], kb, seed)
@@ -221,7 +224,8 @@ def build(
         training={"encoder": "all-MiniLM-L6-v2 (Apache-2.0) converted to LARA by attention transfer",
                   "transfer_run": str(student_dir), "student": scfg.to_dict(), "head": head_notes,
                   "float16_values": rounded, "command": f"python -m lara_serve.model_export.pretrained.classifier "
-                  f"--student {student_dir} --out {out} --max-length {max_length}"},
+                  f"--student {student_dir} --out {out} --max-length {max_length} --readout {readout}"
+                  + (f" --window {window}" if window else "")},
         metrics=metrics, calibration=calibration, ood=ood_section,
     )  # fmt: skip
     conf["outputs"] = [*conf["outputs"], {"name": "ood_score", "datatype": "FP32", "shape": [-1]}]  # as finalize
@@ -265,9 +269,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="the head's document vector: the masked mean, or a pool trained with filler (robust_head)",
     )
     p.add_argument("--cache", type=Path, default=None, help="a folder keeping token vectors between builds")
+    p.add_argument("--window", type=int, default=0,
+                   help="0: each document read whole in one pass; W: read in windows of W pieces (510 for MiniLM)")  # fmt: skip
     args = p.parse_args(argv)
     return build(args.student, args.out, args.max_length, args.threads, limit=args.limit, readout=args.readout,
-                 cache=args.cache)  # fmt: skip
+                 cache=args.cache, window=args.window)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -75,17 +75,26 @@ def length_batches(lengths: Sequence[int], desc: str) -> Iterator[list[int]]:
             i = j
 
 
+def read_tokens(reader: nn.Module, x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """(token vectors, which rows the readout pools) of padded rows: an encoder's rows are the pieces; a
+    windowed classifier's are its windows' (LaraBertClassifier.forward_features and read_mask)."""
+    if isinstance(reader, BertEncoder):
+        return reader(x, mask), mask
+    return reader.forward_features(x, mask), reader.read_mask(mask)
+
+
 @torch.no_grad()
-def token_states(encoder: BertEncoder, tok: WordPieces, texts: Sequence[str], max_length: int, desc: str) -> TokenSet:
-    """Each text read whole and alone (as `classifier.embed`), its token vectors kept."""
+def token_states(reader: nn.Module, tok: WordPieces, texts: Sequence[str], max_length: int, desc: str) -> TokenSet:
+    """Each text read alone (whole as `classifier.embed` by an encoder, or in windows by a windowed
+    classifier), the token vectors its readout pools kept."""
     ids = [tok.encode(t, max_length) for t in texts]
     kept: list[Tensor | None] = [None] * len(ids)
     for idx in length_batches([len(i) for i in ids], desc):
         x, mask = pad_pieces([ids[k] for k in idx], tok.pad_id)
-        h = encoder(x, mask)
+        h, read = read_tokens(reader, x, mask)
         for row, k in enumerate(idx):
-            kept[k] = h[row, : len(ids[k])].half()
-    lengths = torch.tensor([len(t) for t in ids])
+            kept[k] = h[row][read[row].bool()].half()
+    lengths = torch.tensor([len(t) for t in kept if t is not None])
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
     return TokenSet(torch.cat([k for k in kept if k is not None]), offsets)
 
@@ -254,7 +263,7 @@ FIT_FILLERS, VAL_FILLERS = 240, 80  # filler passages read for the fit and (othe
 
 def robust_readout(
     classifier: nn.Module,
-    encoder: BertEncoder,
+    encoder: nn.Module,
     tok: WordPieces,
     tokens: dict[str, TokenSet],
     labels: tuple[Tensor, Tensor],

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from lara_serve.model_export.export.exporter import export_model_dir, half_storage, make_session
-from lara_serve.model_export.models.bert_lara import LaraBertClassifier
+from lara_serve.model_export.models.bert_lara import LaraBertClassifier, window_layout
 from lara_serve.model_export.models.config import AttentionConfig, BertTextConfig, config_from_dict, config_to_dict
 from lara_serve.model_export.models.hub import load_pretrained, make_config_dict, model_io_spec
 from lara_serve.model_export.models.ood import MahalanobisScore, ServingModel
@@ -27,6 +27,7 @@ TINY = BertTextConfig(
     attention=AttentionConfig(kind="lara", num_landmarks=8, landmark_module="none"),
 )  # fmt: skip
 TINY_POOL = dataclasses.replace(TINY, readout="attention")
+TINY_WIN = dataclasses.replace(TINY_POOL, window=14, cls_id=2, sep_id=3)  # windows of [CLS] + 14 + [SEP]
 ARTICLE = "Shares rose on Monday\n\nThe market closed higher. Traders said demand was strong.\n\nMore later."
 
 
@@ -53,7 +54,7 @@ def test_config_round_trip_and_io_spec() -> None:
         BertTextConfig(attention=AttentionConfig(kind="softmax"))
 
 
-@pytest.mark.parametrize("cfg", [TINY, TINY_POOL], ids=["mean", "attention"])
+@pytest.mark.parametrize("cfg", [TINY, TINY_POOL, TINY_WIN], ids=["mean", "attention", "windows"])
 def test_padding_and_batch_invariance(cfg: BertTextConfig) -> None:
     """A document's logits do not depend on its neighbours or its padding (eval at w = mu)."""
     model = tiny_model(cfg=cfg)
@@ -68,6 +69,39 @@ def test_padding_and_batch_invariance(cfg: BertTextConfig) -> None:
     together = model(ids, mask)
     for i, a in enumerate(alone):
         torch.testing.assert_close(together[i], a[0], atol=2e-5, rtol=0)  # float32 sums in another order
+
+
+def test_window_layout_by_hand() -> None:
+    """[CLS]=2 a b c d e [SEP]=3 in windows of 2, beside a row of one piece: each window its own [CLS] .. [SEP]."""
+    ids = torch.tensor([[2, 11, 12, 13, 14, 15, 3], [2, 21, 3, 0, 0, 0, 0]])
+    mask = (ids > 0).long()
+    w_ids, w_mask, read = window_layout(ids, mask, 2, cls_id=2, sep_id=3)
+    # J = ceil(7 / 2) = 4 windows a row; a window with no pieces reads [CLS] [SEP] and is not pooled
+    assert w_ids.tolist() == [[2, 11, 12, 3], [2, 13, 14, 3], [2, 15, 3, 0], [2, 3, 0, 0],
+                              [2, 21, 3, 0], [2, 3, 0, 0], [2, 3, 0, 0], [2, 3, 0, 0]]  # fmt: skip
+    assert w_mask.tolist()[:4] == [[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 0, 0]]
+    assert read.tolist() == [[1] * 8 + [1, 1, 1, 0] + [0] * 4, [1, 1, 1, 0] + [0] * 12]
+    # no pieces at all: the first window's [CLS] [SEP] is read, as a whole read would
+    _, _, empty = window_layout(torch.tensor([[2, 3]]), torch.ones(1, 2, dtype=torch.long), 2, 2, 3)
+    assert empty.tolist() == [[1, 1, 0, 0]]
+
+
+@torch.no_grad()
+def test_windowed_reading_equals_each_window_read_alone_in_float64() -> None:
+    """The batched layout against its definition: every window wrapped and read alone by the encoder (float64),
+    one attention pool over all their vectors."""
+    model = tiny_model(cfg=TINY_WIN).double()
+    g = torch.Generator().manual_seed(3)
+    body = torch.randint(4, 300, (40,), generator=g)
+    ids = torch.cat([torch.tensor([2]), body, torch.tensor([3])])[None]
+    got = model(ids, torch.ones_like(ids))
+    rows = []
+    for i in range(0, len(body), 14):
+        win = torch.cat([torch.tensor([2]), body[i : i + 14], torch.tensor([3])])[None]
+        rows.append(model.encoder(win, torch.ones_like(win))[0])
+    flat = torch.cat(rows)[None]
+    want = model.head(model.pool(flat, torch.ones(flat.shape[:2], dtype=torch.long)))
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
 
 
 def test_half_rounding_and_storage_keep_every_value(tmp_path: Path) -> None:
@@ -107,7 +141,7 @@ def test_half_storage_converts_only_exact_initializers() -> None:
     np.testing.assert_array_equal(run(proto, xv), before)  # the same weights, so the same bits
 
 
-@pytest.mark.parametrize("cfg", [TINY, TINY_POOL], ids=["mean", "attention"])
+@pytest.mark.parametrize("cfg", [TINY, TINY_POOL, TINY_WIN], ids=["mean", "attention", "windows"])
 def test_export_one_lara_node_per_layer_and_parity(tmp_path: Path, cfg: BertTextConfig) -> None:
     model = tiny_model(cfg=cfg)
     round_to_half(model, min_elements=1024)

@@ -38,6 +38,7 @@ TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS, *LETTERS, *(f"##
 TINY = BertTextConfig(
     vocab_size=len(TOKENS), dim=32, depth=2, heads=4, mlp_dim=64, max_positions=16, max_length=128, num_classes=2,
     attention=AttentionConfig(kind="lara", num_landmarks=8, landmark_module="none"),
+    readout="attention", window=14, cls_id=2, sep_id=3,  # as the shipped one: windows and a pool, not inherited
 )  # fmt: skip
 MAX_PIECES = 64  # --max-length of the run (the least the export takes): texts of 8-80 words, some cut
 RUN = [
@@ -177,7 +178,7 @@ def test_the_shipped_name_resolves_to_its_frozen_encoder(tmp_path: Path) -> None
     prep = prepare(_args([*argv, "--init", "lara-news-minilm"]))
     assert isinstance(prep, pretrained_init.Frozen) and prep.init == SHIPPED / "lara-news-minilm"
     shipped = load_pretrained(SHIPPED / "lara-news-minilm")
-    assert prep.cfg == dataclasses.replace(shipped.cfg, num_classes=3, readout="mean")
+    assert prep.cfg == dataclasses.replace(shipped.cfg, num_classes=3, readout="mean", window=0)
     assert all(torch.equal(a, b) for a, b in zip(prep.model.encoder.state_dict().values(),
                                                    shipped.encoder.state_dict().values(), strict=True))  # fmt: skip
     assert not any(p.requires_grad for p in prep.model.parameters()) and not (tmp_path / "m").exists()
