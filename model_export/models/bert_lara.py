@@ -300,8 +300,9 @@ class LaraBertClassifier(nn.Module):
     def forward_readout(self, x: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
         """(logits [B, C], the masked mean [B, D]): the ood score reads the mean, which counts every piece (a
         document that is mostly not news should look so), the head reads the attention pool when there is one."""
-        pooled = self.forward_pooled(x, attention_mask)
-        read = pooled if self.pool is None else self.pool(x, self.read_mask(attention_mask))
+        rows = self.read_mask(attention_mask)  # once: with windows it is a small graph of its own
+        pooled = mean_pool(x, rows)  # as forward_pooled
+        read = pooled if self.pool is None else self.pool(x, rows)
         return self.head(read), pooled  # [B, C], [B, D]
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
