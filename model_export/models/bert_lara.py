@@ -24,6 +24,8 @@ from lara_serve import kernels
 from lara_serve.model_export.models.bert import BertConfig, BertEncoder, mean_pool
 from lara_serve.model_export.models.config import BertTextConfig
 from lara_serve.model_export.models.layers import LandmarkModule, layer_seed
+from lara_serve.model_export.models.text import _BIGRAM_MUL, _BIGRAM_SALT, TfidfHead, wide_logits
+from lara_serve.model_export.models.text_embeddings import _WORD_MOD
 
 LANDMARK_MODULES = ("none", "residual", "light")
 POSITION_SCHEMES = ("copy", "periodic")
@@ -260,6 +262,30 @@ def window_layout(
     return ids, mask.long(), read.long()
 
 
+class PieceTfidfHead(TfidfHead):
+    """The wide path of a word-piece model: TfidfHead's tf-idf linear head with word pieces for words. A gram
+    is one piece or two pieces in a row ([CLS], [SEP] and padding are none), so the graph needs no bytes.
+
+    Why: the byte model's wide path hashes words of the bytes, which a word-piece graph never sees; pieces are
+    words or their stems and endings (all-MiniLM's uncased vocabulary of 30,522), so their 1-2-grams carry what
+    a bag of words carries, and a frozen pretrained encoder can be blended with it in one exported graph."""
+
+    def __init__(self, buckets: int, num_classes: int, special: tuple[int, ...]) -> None:
+        super().__init__(buckets, num_classes)
+        self.special = tuple(int(s) for s in special)
+
+    def grams(self, ids: Tensor) -> tuple[Tensor, Tensor]:
+        """ids [B, N] ([CLS] + pieces + [SEP], zero-padded) -> (bucket [B, 2N] int64, real [B, 2N] bool):
+        each slot's piece, then the bigram ending at it."""
+        real = torch.ones_like(ids, dtype=torch.bool)
+        for s in self.special:
+            real = real & (ids != s)
+        prev = nn.functional.pad(ids[:, :-1], (1, 0))
+        prev_real = nn.functional.pad(real[:, :-1], (1, 0))  # the first slot has no piece before it
+        code = (prev * _BIGRAM_MUL + ids + _BIGRAM_SALT) % _WORD_MOD  # ids < 2**15: no int64 overflow
+        return torch.cat([ids % self.buckets, code % self.buckets], 1), torch.cat([real, real & prev_real], 1)
+
+
 class LaraBertClassifier(nn.Module):
     """forward(input_ids [B, N], attention_mask [B, N]) -> logits [B, C]: the LARA student reading the whole
     document in one pass, its unit-length masked-mean embedding (the teacher's sentence embedding) or, with
@@ -276,6 +302,8 @@ class LaraBertClassifier(nn.Module):
         self.encoder.embeddings.positions = ExtendedPositions(table, "periodic", cfg.max_positions)
         self.head = nn.Linear(cfg.dim, cfg.num_classes)
         self.pool = AttentionPool(cfg.dim) if cfg.readout == "attention" else None
+        special = (0, cfg.cls_id, cfg.sep_id)  # padding (forward_wide zeroes it), [CLS], [SEP]
+        self.tfidf = PieceTfidfHead(cfg.tfidf_buckets, cfg.num_classes, special) if cfg.tfidf_buckets else None
 
     def forward_features(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """[B, N, D], or with a window [B, J*(W+2), D]: every window's vectors, the rows `read_mask` names."""
@@ -305,8 +333,17 @@ class LaraBertClassifier(nn.Module):
         read = pooled if self.pool is None else self.pool(x, rows)
         return self.head(read), pooled  # [B, C], [B, D]
 
+    def forward_wide(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """The wide path's logits [B, C] (config tfidf_buckets > 0); the serving head adds them to the encoder's."""
+        if self.tfidf is None:
+            raise ValueError("forward_wide needs a model with a wide path (config tfidf_buckets > 0); this one has none")
+        return wide_logits(self.tfidf, input_ids, attention_mask)
+
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        return self.forward_readout(self.forward_features(input_ids, attention_mask), attention_mask)[0]
+        logits = self.forward_readout(self.forward_features(input_ids, attention_mask), attention_mask)[0]
+        if self.tfidf is not None:
+            logits = logits + self.forward_wide(input_ids, attention_mask)
+        return logits
 
     @classmethod
     def from_encoder(

@@ -145,6 +145,9 @@ class BertTextConfig:
     window: int = 0
     cls_id: int = 101  # the tokenizer's [CLS] and [SEP]: what each window is wrapped in
     sep_id: int = 102
+    # > 0: a wide path beside the encoder, a linear head over the document's hashed word-piece 1-2-gram tf-idf
+    # (bert_lara.PieceTfidfHead, `lara train --init` fits it); 0: none (the shipped lara-news-minilm)
+    tfidf_buckets: int = 0
     attention: AttentionConfig = field(
         default_factory=lambda: AttentionConfig(kind="lara", num_landmarks=64, landmark_module="none")
     )
@@ -156,6 +159,8 @@ class BertTextConfig:
             raise ValueError(f"window must be 0 (whole documents) or at least 2 pieces, got {self.window}")
         if self.attention.kind != "lara":
             raise ValueError(f"a bert_lara model reads through LARA; attention kind {self.attention.kind!r} given")
+        if self.tfidf_buckets < 0 or self.tfidf_buckets == 1:
+            raise ValueError(f"tfidf_buckets must be 0 (no wide path) or at least 2, got {self.tfidf_buckets}")
 
 
 ModelConfig = ViTConfig | TextConfig | BertTextConfig

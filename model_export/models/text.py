@@ -100,6 +100,16 @@ class TfidfHead(nn.Module):
         return TFIDF_GAIN * (w @ self.weight[bucket]).squeeze(1)  # [B, C]
 
 
+def wide_logits(head: TfidfHead, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """A wide head's logits [B, C] over the rows' real ids (padding zeroed), float32."""
+    valid = attention_mask > 0
+    ids = input_ids * valid.long()
+    if not ids.is_cpu or tracing():
+        return head(ids).float()
+    # Eager on CPU: each document's own ids (as forward_head does), so batching cannot change a sum's order.
+    return torch.cat([head(ids[i][valid[i]][None]) for i in range(ids.shape[0])]).float()
+
+
 class AttentionPool(nn.Module):
     """Per head group, a softmax over the document's tokens of one learned score each, then the weighted sum
     of the group's channels: [B, N, D] -> [B, D]. A mean gives every token 1/N of the vote, so the pooled
@@ -327,12 +337,7 @@ class TextEncoder(nn.Module):
             raise ValueError(
                 "forward_wide needs a model with a wide path (config tfidf_buckets > 0); this one has none"
             )
-        valid = attention_mask > 0
-        ids = input_ids * valid.long()
-        if not ids.is_cpu or tracing():
-            return self.tfidf(ids).float()
-        # Eager on CPU: each document's own ids (as forward_head does), so batching cannot change a sum's order.
-        return torch.cat([self.tfidf(ids[i][valid[i]][None]) for i in range(ids.shape[0])]).float()
+        return wide_logits(self.tfidf, input_ids, attention_mask)
 
     def forward_deep(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """The encoder's logits [B, C] (without the wide path, if there is one)."""

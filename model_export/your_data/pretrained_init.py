@@ -10,10 +10,10 @@ every `lara train` run (artifact.finish -> head.finalize), the ood fit on the bo
 The folder is a word-piece model as `lara-news-minilm` is: preprocessing kind "wordpiece", the --init model's
 tokenizer.json, float16 storage (pretrained.classifier.save_half), the ONNX export with its parity check.
 
-The wide path (hashed word grams) lives inside the byte model's graph and has no place in a word-piece graph: it
-is fitted as in every text run, with the plain baseline, for the report only (config.json metrics.parts: the
-encoder alone, the wide path alone, their blend, and what a byte model's holdout rule would have served); the
-encoder is what is served.
+The wide path is the byte model's (Wide & Deep: a tf-idf logistic regression, min_df and C by cross-validation,
+wide.fit_wide) over word-piece 1-2-grams instead of byte words (bert_lara.PieceTfidfHead: the graph reads pieces,
+not bytes). It is blended with the encoder's head by holdout NLL, and the best of the blend and each part alone
+on the holdout is served (wide.choose_served, the byte model's rule); config.json metrics.parts scores each part.
 
 The budget: before any work every document is tokenized and a few training documents are embedded (the probe);
 with the word pieces of each part that gives each phase's estimate (budget.Plan), and a budget that cannot
@@ -39,12 +39,11 @@ from torch import Tensor
 
 from lara_serve.model_export.head.finalize import TEXT_HEADS
 from lara_serve.model_export.models.bert import mean_pool
-from lara_serve.model_export.models.bert_lara import LaraBertClassifier
+from lara_serve.model_export.models.bert_lara import LaraBertClassifier, PieceTfidfHead
 from lara_serve.model_export.models.config import BertTextConfig
 from lara_serve.model_export.models.hub import TOKENIZER_FILE, load_config, load_pretrained
 from lara_serve.model_export.models.ood import ServingModel
 from lara_serve.model_export.models.registry import get_config
-from lara_serve.model_export.models.text import TfidfHead
 from lara_serve.model_export.pretrained.classifier import fit_head, save_half
 from lara_serve.model_export.pretrained.teacher import WordPieces, pad_pieces
 from lara_serve.model_export.your_data import budget, recipe
@@ -55,6 +54,9 @@ from lara_serve.model_export.your_data.options import DEFAULT_ARCH, UsageError, 
 
 WORD_PIECE_ARCH = BertTextConfig.arch  # config.json model.arch of a model this path takes as --init
 BATCH_PIECES = 4096  # padded pieces per encoder batch (documents sorted by length), as the shipped build's
+# What a run whose budget cannot read every document whole reads instead: the longest of these that fits (at
+# least the teacher's own 512 positions; less would read a headline and little more).
+FIT_LENGTHS = (8192, 4096, 2048, 1024, 512)
 PROBE_PIECES, PROBE_DOCS = 4096, 32  # the probe embeds a seeded few training documents, this many at most
 # CPU seconds of the phases that do not grow with the data, measured on one core of the shared machine and
 # rounded up: the export of lara-news-minilm's 22 M parameters with its parity run up to 16,384 pieces (32 s).
@@ -118,7 +120,9 @@ class Frozen:
     no_wide: bool
     no_baseline: bool
     seed: int
+    fit_length: bool = False  # no --max-length given: a budget too small to read whole reads each document's head
     seqs: dict[str, list[list[int]]] = dataclasses.field(default_factory=dict)
+    full: dict[str, list[int]] = dataclasses.field(default_factory=dict)  # whole lengths in pieces
     cached: dict[str, tuple[Tensor, Tensor, Tensor]] = dataclasses.field(default_factory=dict)
     baseline_result: tuple[np.ndarray, str, float] | None = None
     parts: dict[str, Any] | None = None
@@ -178,15 +182,16 @@ def prepare(args: argparse.Namespace, d: Any) -> Frozen:
         "pieces to its unit mean embedding, a logistic-regression head (lara_serve.model_export.your_data."
         "pretrained_init)",
         "recipe_choice": {"recipe": f"frozen {init.name} encoder + logistic-regression head", "median_bytes": median,
-                          "rule": "--init names a word-piece model: its encoder is read, not trained; the wide path "
-                          "and the baseline are fitted for the report, the encoder is served"},
+                          "rule": "--init names a word-piece model: its encoder is read, not trained; a wide path on "
+                          "word-piece grams is blended with it, and the holdout's best of the two and their blend "
+                          "is served"},
         "schedule": "none (the encoder is frozen; the head is a logistic regression)",
         "augment": False,
         "ood_fit": {"documents": len(sample), "of": len(train), "bytes": sum(len(train[i]) for i in sample),
                     "at_most": {"documents": budget.OOD_FIT_DOCS, "bytes": budget.OOD_FIT_BYTES}},
     }  # fmt: skip
     return Frozen(data, test, split, d.names, model, cfg, init, hp, WordPieces.from_dir(init), docs, labels, sample,
-                  heads, args.no_wide, args.no_baseline, args.seed)  # fmt: skip
+                  heads, args.no_wide, args.no_baseline, args.seed, fit_length=args.max_length is None)  # fmt: skip
 
 
 # -- word pieces, embeddings, the probe ----------------------------------------------------------------------
@@ -199,6 +204,7 @@ def tokenize(prep: Frozen) -> dict[str, int]:
     for part, raws in prep.docs.items():
         bodies = [prep.tok.pieces(r.decode("utf-8", errors="ignore")) for r in raws]  # heads may split a char
         prep.seqs[part] = [prep.tok.wrap(b[:keep]) for b in bodies]
+        prep.full[part] = [len(b) + 2 for b in bodies]  # each document's whole length, [CLS] and [SEP] included
         cut[part] = sum(len(b) > keep for b in bodies)
     return cut
 
@@ -241,23 +247,29 @@ def probe_rate(prep: Frozen, clock: Callable[[], float]) -> float:
 
 
 def plan(prep: Frozen, phases: budget.Phases, budget_min: float, clock: str) -> budget.Plan:
-    """Tokenize, probe, estimate every phase; BudgetTooSmall (with the least budget) before any work."""
+    """Tokenize, probe, estimate every phase; BudgetTooSmall (with the least budget) before any work. When the
+    whole read does not fit and --max-length was not given, each document is read by its first L pieces, L the
+    longest of FIT_LENGTHS that fits (the served model reads the same L); a warning says so."""
     with phases.phase("probe"):
         cut = tokenize(prep)
         rate = probe_rate(prep, phases.clock)
-    pieces = {part: sum(map(len, seqs)) for part, seqs in prep.seqs.items()}
-    n, classes = len(prep.docs["train"]), len(prep.names)
-    train_bytes = sum(len(r[: _byte_length()]) for r in prep.docs["train"])
-    est = budget.Plan(
-        probe_s=phases.elapsed(),  # imports, reading the data, loading the encoder, tokenizing, the probe
-        wide_s=0.0 if prep.no_wide else budget.wide_s(train_bytes, n, classes),
-        baseline_s=0.0 if prep.no_baseline else budget.baseline_s(train_bytes, n, classes),
-        epoch_s=budget.SAFETY * rate * pieces["train"],
-        after_s=budget.SAFETY * (rate * (pieces["holdout"] + pieces["test"] + pieces["heads"])
-                                 + HEAD_S_PER_DOC_CLASS * n * max(classes, 2)) + EXPORT_S + budget.REPORT_S,
-    )  # fmt: skip
+    probe_s = phases.elapsed()  # imports, reading the data, loading the encoder, tokenizing, the probe
+    est = _estimate(prep, rate, probe_s)
+    whole = prep.cfg.max_length
+    if est.least_budget_min() > budget_min and prep.fit_length:
+        for length in (n for n in FIT_LENGTHS if n < whole):
+            cut = _cut_to(prep, length)
+            est = _estimate(prep, rate, probe_s)
+            if est.least_budget_min() <= budget_min:
+                print(f"warning: reading every document whole (up to {whole:,} word pieces) needs more than "
+                      f"--time-budget {budget_min:g} min; this run reads each document's first {length:,} pieces "
+                      f"and so does the served model (config.json preprocessing.max_length); give --time-budget "
+                      f"{_estimate_at(prep, rate, probe_s, whole):g} to read them whole", file=sys.stderr)  # fmt: skip
+                prep.hp["length_fitted_to_budget"] = {"max_length": length, "whole": whole}
+                break
     least = est.least_budget_min()
     if least > budget_min:
+        pieces, n = _pieces(prep), len(prep.docs["train"])
         raise BudgetTooSmall(
             f"--time-budget {budget_min:g} min is too small for the frozen {prep.init.name} encoder to read this "
             f"data with the rest of the run (estimated on the {clock} clock: {est.probe_s:.0f} s so far, reading the "
@@ -267,9 +279,45 @@ def plan(prep: Frozen, phases: budget.Phases, budget_min: float, clock: str) -> 
             least,
         )
     prep.hp["budget_plan_s"] = {**est.record(), "seconds_per_piece": float(f"{rate:.3g}")}
-    prep.hp["pieces"] = {**pieces, "longer_than_max_length": cut}
+    prep.hp["pieces"] = {**_pieces(prep), "longer_than_max_length": cut}
     _warn_long(prep, cut)
     return est
+
+
+def _pieces(prep: Frozen) -> dict[str, int]:
+    return {part: sum(map(len, seqs)) for part, seqs in prep.seqs.items()}
+
+
+def _estimate(prep: Frozen, rate: float, probe_s: float, pieces: dict[str, int] | None = None) -> budget.Plan:
+    """Each phase's seconds for `pieces` read in each part (default: what prep.seqs holds; reading is linear)."""
+    pieces = pieces or _pieces(prep)
+    n, classes = len(prep.docs["train"]), len(prep.names)
+    train_bytes = sum(len(r[: _byte_length()]) for r in prep.docs["train"])
+    return budget.Plan(
+        probe_s=probe_s,
+        wide_s=0.0 if prep.no_wide else budget.wide_s(train_bytes, n, classes),
+        baseline_s=0.0 if prep.no_baseline else budget.baseline_s(train_bytes, n, classes),
+        epoch_s=budget.SAFETY * rate * pieces["train"],
+        after_s=budget.SAFETY * (rate * (pieces["holdout"] + pieces["test"] + pieces["heads"])
+                                 + HEAD_S_PER_DOC_CLASS * n * max(classes, 2)) + EXPORT_S + budget.REPORT_S,
+    )  # fmt: skip
+
+
+def _estimate_at(prep: Frozen, rate: float, probe_s: float, length: int) -> float:
+    """The least budget (minutes) of reading every document up to `length` pieces (their lengths at tokenizing)."""
+    pieces = {part: sum(min(n, length) for n in counts) for part, counts in prep.full.items()}
+    return _estimate(prep, rate, probe_s, pieces).least_budget_min()
+
+
+def _cut_to(prep: Frozen, length: int) -> dict[str, int]:
+    """Every sequence cut to [CLS] + its first length - 2 pieces + [SEP]; the config reads the same. Returns how
+    many documents of each part are now longer than that."""
+    sep = prep.cfg.sep_id
+    prep.seqs = {part: [s if len(s) <= length else [*s[: length - 1], sep] for s in seqs]
+                 for part, seqs in prep.seqs.items()}  # fmt: skip
+    prep.cfg = dataclasses.replace(prep.cfg, max_length=length)
+    prep.model.cfg = prep.cfg
+    return {part: sum(n > length for n in counts) for part, counts in prep.full.items()}
 
 
 def _byte_length() -> int:
@@ -290,13 +338,13 @@ def _warn_long(prep: Frozen, cut: dict[str, int]) -> None:
 
 
 def fit(prep: Frozen, phases: budget.Phases, progress: str) -> FitState:
-    """The wide path and the baseline (for the report), every document read once, the head; tokenize() first."""
+    """The wide path (on word pieces) and the baseline, every document read once, the head, the served blend;
+    tokenize() first."""
     wide = None
-    train_raws = [r[: _byte_length()] for r in prep.docs["train"]]
     if not prep.no_wide:
         with phases.phase("wide"):
-            head = TfidfHead(userwide.wide_buckets(len(prep.names)), len(prep.names), utf8=True)
-            wide = head, userwide.fit_wide(head, train_raws, prep.labels["train"].tolist(), len(prep.names))
+            head = PieceTfidfHead(userwide.wide_buckets(len(prep.names)), len(prep.names), _special(prep.cfg))
+            wide = head, userwide.fit_wide(head, prep.seqs["train"], prep.labels["train"].tolist(), len(prep.names))
     if not prep.no_baseline:
         with phases.phase("baseline"):
             probs, fit_s = text_baseline(prep.docs["train"], prep.labels["train"].tolist(), prep.docs["test"])
@@ -306,10 +354,13 @@ def fit(prep: Frozen, phases: budget.Phases, progress: str) -> FitState:
     with phases.phase("head"):
         z = _fit_head(prep, feats)
         if wide is not None:
-            prep.parts = report_parts(prep, *wide, z)
-            if progress != "quiet":
-                warn_parts(prep.parts)
+            prep.parts = attach_wide(prep, *wide, z)
     return FitState(train_time_s=phases.seconds["embedding"] + phases.seconds["head"], history=[])
+
+
+def _special(cfg: BertTextConfig) -> tuple[int, int, int]:
+    """The ids that are not pieces of the text: padding (the wide path zeroes it), [CLS] and [SEP]."""
+    return (0, cfg.cls_id, cfg.sep_id)
 
 
 def _embed_all(prep: Frozen, progress: str) -> dict[str, Tensor]:
@@ -328,19 +379,6 @@ def _embed_all(prep: Frozen, progress: str) -> dict[str, Tensor]:
     if progress == "json":
         print(json.dumps({"event": "embedded", "documents": total, "pieces": prep.hp["pieces"]}), flush=True)
     return feats
-
-
-def warn_parts(parts: dict[str, Any]) -> None:
-    """On stderr, when the holdout says a part that cannot be served here beats the served encoder (measured on
-    mixed-language messages: the encoder alone 75.5% on the test split, the wide path 90.0%, the blend 92.3%)."""
-    would = parts["served"]["holdout_rule_would_serve"]
-    if would == "encoder":
-        return
-    acc = {key: parts[key]["holdout_accuracy"] for key in ("encoder", "wide", "blend")}
-    print(f"warning: on the holdout the served encoder alone is right {acc['encoder']:.1%} of the time, the wide path "
-          f"{acc['wide']:.1%}, their blend {acc['blend']:.1%}; a word-piece graph cannot hold the wide path, so the "
-          f"encoder alone is served (config.json metrics.parts; the holdout rule would serve the {would}); the "
-          "default byte encoder (no --init) keeps the wide path in its graph", file=sys.stderr)  # fmt: skip
 
 
 def two_columns(weight: Tensor, bias: Tensor, classes: int) -> tuple[Tensor, Tensor]:
@@ -373,17 +411,29 @@ def _fit_head(prep: Frozen, feats: dict[str, Tensor]) -> dict[str, Tensor]:
     return {part: prep.cached[part][0] for part in ("holdout", "test")}
 
 
-def report_parts(prep: Frozen, head: TfidfHead, wide_fit: userwide.WideFit, z: dict[str, Tensor]) -> dict[str, Any]:
-    """config.json metrics.parts: the encoder (served), the wide path alone and their blend on the holdout and
-    test splits, and which of them a byte model's holdout rule (wide.choose_served) would have served."""
-    cut = _byte_length()
+def attach_wide(prep: Frozen, head: PieceTfidfHead, fit: userwide.WideFit, z: dict[str, Tensor]) -> dict[str, Any]:
+    """Blend the frozen encoder's head with the wide path (weights by holdout NLL), serve the best of the blend
+    and each part alone on the holdout (wide.choose_served, as the byte model does), install it in the model and
+    its config, and re-cache the served holdout and test logits for the temperature. Returns config.json
+    metrics.parts."""
     hold_y, test_y = prep.labels["holdout"], prep.labels["test"]
     z_enc = {part: z[part].double().numpy() for part in ("holdout", "test")}
-    z_wide = {part: wide_fit.logits(userwide.features(head, [r[:cut] for r in prep.docs[part]]))
-              for part in ("holdout", "test")}  # fmt: skip
+    f_wide = {part: userwide.features(head, prep.seqs[part]) for part in ("holdout", "test")}
+    z_wide = {part: fit.logits(f_wide[part]) for part in ("holdout", "test")}
     a, b = userwide.choose_blend(z_enc["holdout"], z_wide["holdout"], hold_y)
     weights = {"blend": (a, b), "wide": (0.0, 1.0), "encoder": (1.0, 0.0)}
-    rule = userwide.choose_served(z_enc["holdout"], z_wide["holdout"], hold_y, weights)
+    served = userwide.choose_served(z_enc["holdout"], z_wide["holdout"], hold_y, weights)
+    sa, sb = weights[served["part"]]
+    if sb:  # the encoder alone (b = 0) leaves the graph without a wide path: nothing to compute
+        prep.cfg = dataclasses.replace(prep.cfg, tfidf_buckets=head.buckets)
+        prep.model.cfg = prep.cfg
+        userwide.install(prep.model, head, fit, sa, sb)
+    with torch.no_grad():  # the served logits: a * (encoder head) + b * (wide, its intercept in the head's bias)
+        for part in ("holdout", "test"):
+            _, f, y = prep.cached[part]
+            wide_part = torch.from_numpy(sb * np.asarray(f_wide[part] @ fit.coef.T)).to(f.dtype)
+            prep.cached[part] = (prep.model.head(f) + wide_part, f, y)
+        # "train" keeps the encoder head's logits: the serving head reads only its features (the ood fit)
 
     def acc(part: str, pair: tuple[float, float]) -> float | None:
         y = hold_y if part == "holdout" else test_y
@@ -392,13 +442,10 @@ def report_parts(prep: Frozen, head: TfidfHead, wide_fit: userwide.WideFit, z: d
 
     scored = {key: {f"{part}_accuracy": acc(part, w) for part in ("holdout", "test")} for key, w in weights.items()}
     return {
-        "served": {"part": "encoder", "encoder_weight": 1.0, "wide_weight": 0.0,
-                   "why": f"the frozen {prep.init.name} encoder with its head; the wide path lives in the byte "
-                   "model's graph, not in a word-piece one, so it and the blend are scored here only; a byte "
-                   f"model's holdout rule would have served the {rule['part']}",
-                   "holdout": rule.get("holdout"), "holdout_rule_would_serve": rule["part"]},
+        "served": served,
         "blend": {"encoder": a, "wide": b, "chosen_on": "holdout NLL", "grid": list(userwide.BLEND_GRID),
                   **scored["blend"]},
         "encoder": scored["encoder"],
-        "wide": {**scored["wide"], "buckets": head.buckets, "utf8_words": head.utf8, **wide_fit.choice.record()},
+        "wide": {**scored["wide"], "buckets": head.buckets, "grams": "word-piece 1-2-grams",
+                 **fit.choice.record()},
     }  # fmt: skip

@@ -186,8 +186,8 @@ def write_report(out: Path, report: dict[str, Any], names: Sequence[str]) -> Non
         lines += [
             "",
             f"Served: the {_PART_NAMES.get(served['part'], served['part'])} ({served['why']}): LARA's logits are {served['encoder_weight']:g} x the "
-            f"encoder's + {served['wide_weight']:g} x the wide path's (hashed word 1-2-gram tf-idf, logistic "
-            f"regression). The blend's weights ({blend['encoder']:g}, {blend['wide']:g}) minimize the holdout NLL.",
+            f"encoder's + {served['wide_weight']:g} x the wide path's ({wide.get('grams', 'word 1-2-grams')}, hashed "
+            f"tf-idf, logistic regression). The blend's weights ({blend['encoder']:g}, {blend['wide']:g}) minimize the holdout NLL.",
             "",
             "| part | holdout accuracy | test accuracy |",
             "|---|---|---|",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,16 +54,18 @@ def wide_buckets(num_classes: int) -> int:
     return min(MAX_BUCKETS, 2 ** int(math.log2(room)))
 
 
-def counts(head: TfidfHead, docs: list[bytes]):  # -> scipy.sparse.csr_matrix [N, buckets]
-    """How often each of the head's gram buckets occurs in each byte document (the head's own hashing)."""
+def counts(head: TfidfHead, docs: Sequence[bytes] | Sequence[Sequence[int]]):  # -> csr_matrix [N, buckets]
+    """How often each of the head's gram buckets occurs in each document (the head's own hashing): byte
+    documents, or the ids the head reads (a word-piece model's pieces, bert_lara.PieceTfidfHead)."""
     from scipy.sparse import csr_matrix
 
     rows, cols, vals = [], [], []
     with torch.inference_mode():
         for i, raw in enumerate(docs):
-            if not raw:
+            if not len(raw):
                 continue
-            bucket, real = head.grams(_ids(raw)[None])
+            ids = _ids(raw) if isinstance(raw, bytes) else torch.as_tensor(raw, dtype=torch.long)
+            bucket, real = head.grams(ids[None])
             grams, c = np.unique(bucket[real].numpy(), return_counts=True)
             rows.append(np.full(len(grams), i))
             cols.append(grams)
@@ -83,8 +86,8 @@ def tfidf(c, idf: np.ndarray):  # (csr counts, [buckets]) -> csr [N, buckets]
     return x
 
 
-def features(head: TfidfHead, docs: list[bytes]):  # -> scipy.sparse.csr_matrix [N, buckets]
-    """The head's L2-normalized tf-idf vectors of byte documents (without TFIDF_GAIN), as a sparse matrix:
+def features(head: TfidfHead, docs: Sequence[bytes] | Sequence[Sequence[int]]):  # -> csr_matrix [N, buckets]
+    """The head's L2-normalized tf-idf vectors of documents (`counts`; without TFIDF_GAIN), as a sparse matrix:
     head(ids) == TFIDF_GAIN * features @ head.weight up to float rounding."""
     return tfidf(counts(head, docs), head.idf.double().numpy())
 
@@ -167,7 +170,9 @@ def choose_settings(c, y: np.ndarray, seed: int = 0) -> WideChoice:
     return WideChoice(pick[0], pick[1], scores)
 
 
-def fit_wide(head: TfidfHead, train_docs: list[bytes], train_y: list[int], num_classes: int) -> WideFit:
+def fit_wide(
+    head: TfidfHead, train_docs: Sequence[bytes] | Sequence[Sequence[int]], train_y: list[int], num_classes: int
+) -> WideFit:
     """Choose min_df and C by cross-validation on the training documents, set the head's idf from all of them,
     then fit a multinomial logistic regression on its features."""
     c, y = counts(head, train_docs), np.asarray(train_y)

@@ -28,6 +28,10 @@ TINY = BertTextConfig(
 )  # fmt: skip
 TINY_POOL = dataclasses.replace(TINY, readout="attention")
 TINY_WIN = dataclasses.replace(TINY_POOL, window=14, cls_id=2, sep_id=3)  # windows of [CLS] + 14 + [SEP]
+TINY_WIDE = dataclasses.replace(TINY_WIN, tfidf_buckets=64)  # with a word-piece wide path (lara train --init)
+CONFIGS = pytest.mark.parametrize(
+    "cfg", [TINY, TINY_POOL, TINY_WIN, TINY_WIDE], ids=["mean", "attention", "windows", "wide"]
+)
 ARTICLE = "Shares rose on Monday\n\nThe market closed higher. Traders said demand was strong.\n\nMore later."
 
 
@@ -37,6 +41,9 @@ def tiny_model(seed: int = 0, cfg: BertTextConfig = TINY) -> LaraBertClassifier:
     with torch.no_grad():  # random weights of a realistic scale (the defaults leave LayerNorms at identity)
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
+        if model.tfidf is not None:  # an idf of 0 would silence the wide path
+            model.tfidf.idf.uniform_(0.5, 2.0)
+            model.tfidf.weight.mul_(20.0)  # wide logits of the encoder head's scale
     return model.eval()
 
 
@@ -54,7 +61,7 @@ def test_config_round_trip_and_io_spec() -> None:
         BertTextConfig(attention=AttentionConfig(kind="softmax"))
 
 
-@pytest.mark.parametrize("cfg", [TINY, TINY_POOL, TINY_WIN], ids=["mean", "attention", "windows"])
+@CONFIGS
 def test_padding_and_batch_invariance(cfg: BertTextConfig) -> None:
     """A document's logits do not depend on its neighbours or its padding (eval at w = mu)."""
     model = tiny_model(cfg=cfg)
@@ -141,7 +148,7 @@ def test_half_storage_converts_only_exact_initializers() -> None:
     np.testing.assert_array_equal(run(proto, xv), before)  # the same weights, so the same bits
 
 
-@pytest.mark.parametrize("cfg", [TINY, TINY_POOL, TINY_WIN], ids=["mean", "attention", "windows"])
+@CONFIGS
 def test_export_one_lara_node_per_layer_and_parity(tmp_path: Path, cfg: BertTextConfig) -> None:
     model = tiny_model(cfg=cfg)
     round_to_half(model, min_elements=1024)

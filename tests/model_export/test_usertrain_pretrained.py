@@ -117,13 +117,23 @@ def test_the_report_names_the_served_part_and_scores_each(work: Path) -> None:
     out = work / "repo" / "news"
     conf, report = json.loads((out / "config.json").read_text()), json.loads((out / "report.json").read_text())
     parts = conf["metrics"]["parts"]
-    assert parts["served"]["part"] == "encoder" and parts["served"]["wide_weight"] == 0.0
-    assert parts["served"]["holdout_rule_would_serve"] in ("blend", "wide", "encoder")
-    # The served model is the encoder alone: its test accuracy is the report's (the temperature keeps argmax).
-    assert parts["encoder"]["test_accuracy"] == report["lara"]["accuracy"]
-    assert 0.0 <= parts["wide"]["test_accuracy"] <= 1.0 and report["baseline"]["name"].startswith("TF-IDF")
+    served = parts["served"]
+    assert served["part"] in ("blend", "wide", "encoder") and parts["wide"]["grams"] == "word-piece 1-2-grams"
+    # The holdout's best part is served: no part scores above it there (ties go to the lower NLL).
+    hold = {key: parts[key]["holdout_accuracy"] for key in ("blend", "wide", "encoder")}
+    assert hold[served["part"]] == max(hold.values())
+    # What is served is what the report scored on the test split (the temperature keeps argmax).
+    assert parts[served["part"]]["test_accuracy"] == report["lara"]["accuracy"]
+    # A served wide path is in the graph: config and weights say so; the encoder alone leaves none.
+    state = load_file(str(out / "1" / "model.safetensors"))
+    if served["wide_weight"]:
+        assert conf["model"]["tfidf_buckets"] == parts["wide"]["buckets"] and "tfidf.weight" in state
+    else:
+        assert conf["model"]["tfidf_buckets"] == 0 and "tfidf.weight" not in state
+    assert report["baseline"]["name"].startswith("TF-IDF")
     md = (out / "report.md").read_text()
-    assert "Served: the encoder alone (the frozen tiny-wp encoder" in md and "| encoder (served) |" in md
+    assert f"| {served['part'] if served['part'] != 'wide' else 'wide path'} (served) |" in md
+    assert "word-piece 1-2-grams, hashed tf-idf" in md
     assert "Recipe: frozen tiny-wp encoder + logistic-regression head" in md
 
 
@@ -235,12 +245,32 @@ def test_a_binary_head_becomes_two_columns_with_the_same_probabilities() -> None
     assert pretrained_init.two_columns(*same, 3) == same
 
 
-def test_a_warning_when_the_holdout_prefers_a_part_that_cannot_be_served(capsys) -> None:
-    parts = {"served": {"holdout_rule_would_serve": "blend"}, "encoder": {"holdout_accuracy": 0.83},
-             "wide": {"holdout_accuracy": 0.9}, "blend": {"holdout_accuracy": 0.925}}  # fmt: skip
-    pretrained_init.warn_parts(parts)
+def test_a_budget_too_small_to_read_whole_reads_each_documents_head(tmp_path: Path, monkeypatch, capsys) -> None:
+    """No --max-length: the plan falls back to the longest of FIT_LENGTHS that fits, and the config reads as much;
+    with --max-length given, or no length fitting, the budget is refused before any work."""
+    write_texts(tmp_path / "d.jsonl")
+    tiny = tiny_word_piece_dir(tmp_path / "tiny-wp")  # max_length 128 pieces; the texts are 10-90
+    monkeypatch.setattr(pretrained_init, "FIT_LENGTHS", (64,))
+    monkeypatch.setattr(pretrained_init, "probe_rate", lambda prep, clock: 0.05)  # s per piece: reading dominates
+    argv = [str(tmp_path / "d.jsonl"), "--out", str(tmp_path / "m"), "--init", str(tiny)]
+
+    def planned(more: list[str], minutes: float) -> pretrained_init.Frozen:
+        prep = prepare(_args([*argv, *more]))
+        pretrained_init.plan(prep, pretrained_init.budget.Phases(clock=lambda: 0.0), minutes, "cpu")
+        return prep
+
+    probe = planned([], 1e6)  # everything fits: read whole
+    assert probe.cfg.max_length == 128 and "length_fitted_to_budget" not in probe.hp
+    whole, head = (pretrained_init._estimate_at(probe, 0.05, 0.0, n) for n in (128, 64))
+    assert head < whole
+    capsys.readouterr()
+    prep = planned([], head)
+    assert prep.cfg.max_length == 64 and prep.model.cfg.max_length == 64
+    assert prep.hp["length_fitted_to_budget"] == {"max_length": 64, "whole": 128}
+    assert all(len(s) <= 64 and s[-1] == TINY.sep_id for seqs in prep.seqs.values() for s in seqs)
+    assert max(map(len, probe.seqs["train"])) > 64  # some documents were cut
     err = capsys.readouterr().err
-    assert "encoder alone is right 83.0%" in err and "blend 92.5%" in err and "would serve the blend" in err
-    parts["served"]["holdout_rule_would_serve"] = "encoder"
-    pretrained_init.warn_parts(parts)
-    assert capsys.readouterr().err == ""
+    assert "reads each document's first 64 pieces" in err and f"--time-budget {whole:g} to read them whole" in err
+    for more, minutes in (([], head - 0.1), (["--max-length", "128"], head)):
+        with pytest.raises(pretrained_init.BudgetTooSmall):
+            planned(more, minutes)

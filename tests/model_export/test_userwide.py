@@ -218,3 +218,53 @@ def test_the_served_part_is_never_worse_than_a_part_alone_on_the_holdout() -> No
     same = {"blend": (0.0, 1.0), "wide": (0.0, 1.0), "encoder": (1.0, 0.0)}
     assert userwide.choose_served(np.eye(2)[y] * 5.0, np.eye(2)[y], y, same)["part"] == "encoder"
     assert userwide.choose_served(deep[:0], wide[:0], y[:0], weights)["part"] == "blend"  # no holdout
+
+
+def reference_piece_features(seq: list[int], idf: np.ndarray, special: set[int]) -> dict[int, float]:
+    """Float64 from Python integers: a word-piece document's 1-2-grams (runs of non-special ids)."""
+    grams: Counter[int] = Counter()
+    prev = None
+    for t in seq:
+        if t in special:
+            prev = None
+            continue
+        grams[t % BUCKETS] += 1
+        if prev is not None:
+            grams[((prev * _BIGRAM_MUL + t + _BIGRAM_SALT) % _WORD_MOD) % BUCKETS] += 1
+        prev = t
+    x = {b: (1 + math.log(c)) * idf[b] for b, c in grams.items() if idf[b] != 0}
+    norm = math.sqrt(sum(v * v for v in x.values())) or 1.0
+    return {b: v / norm for b, v in x.items()}
+
+
+def test_word_piece_grams_match_a_float64_reference_and_the_heads_logits() -> None:
+    """bert_lara.PieceTfidfHead: [CLS] = 101, [SEP] = 102 and padding are no pieces; its sparse features equal a
+    float64 reference, and its logits (padded rows in a batch too) equal TFIDF_GAIN x features @ weight."""
+    from lara_serve.model_export.models.bert_lara import PieceTfidfHead
+    from lara_serve.model_export.models.text import wide_logits
+
+    special = (0, 101, 102)
+    g = np.random.default_rng(0)
+    seqs = [[101, *g.integers(1000, 30522, n).tolist(), 102] for n in (0, 1, 7, 60)]
+    seqs.append([101, 2000, 2001, 2000, 2001, 2000, 102])  # repeats: tf 3 and 2 of a unigram, 2 of each bigram
+    head = PieceTfidfHead(BUCKETS, 3, special)
+    c = userwide.counts(head, seqs * 2)
+    head.idf.copy_(torch.from_numpy(userwide._idf(c, 1)))
+    feats = userwide.features(head, seqs)
+    idf = head.idf.double().numpy()
+    for i, seq in enumerate(seqs):
+        row = feats.getrow(i)
+        got = dict(zip(row.indices.tolist(), row.data.tolist(), strict=True))
+        assert got == pytest.approx(reference_piece_features(seq, idf, set(special)), rel=1e-12)
+    assert feats.getrow(0).nnz == 0  # [CLS] [SEP]: no grams
+    torch.nn.init.normal_(head.weight, generator=torch.Generator().manual_seed(0))
+    n = max(map(len, seqs))
+    ids = torch.zeros(len(seqs), n, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, seq in enumerate(seqs):
+        ids[i, : len(seq)], mask[i, : len(seq)] = torch.tensor(seq), 1
+    ids[mask == 0] = 7  # what is past the mask is never read
+    with torch.no_grad():
+        for z in (wide_logits(head, ids, mask), head(ids * mask)):  # eager per row, and batched as traced
+            want = TFIDF_GAIN * torch.from_numpy(feats @ head.weight.double().numpy())
+            assert torch.allclose(z.double(), want, rtol=1e-5, atol=1e-5)  # float32 sums: ~1e-6 relative
