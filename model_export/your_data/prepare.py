@@ -37,6 +37,7 @@ from lara_serve.model_export.your_data.options import (
     DEFAULT_INIT,
     MAX_DEFAULT_IMAGE,
     UsageError,
+    default_text_init,
     resolve_init,
 )
 
@@ -180,13 +181,19 @@ def prepare(args: argparse.Namespace, group: userdist.Group = userdist.Group()) 
     """Read and check everything (data, labels, split, architecture) before any file is written. With --init
     naming a word-piece model, its encoder kept frozen (pretrained_init.Frozen: no training task)."""
     d = _read(args)
+    chosen = None
+    if args.init is None and d.data.task == "text":  # the default encoder depends on what the run asks for
+        args.init, chosen = default_text_init(args, group.world)
     if pretrained_init.applies(args):
-        return pretrained_init.prepare(args, d)
+        frozen = pretrained_init.prepare(args, d)
+        frozen.hp["init_choice"] = chosen or "--init"
+        return frozen
     prep, taken = _prepare_text(args, d, group) if d.data.task == "text" else _prepare_image(args, d)
     if args.lr is not None:
         prep.hp["lr"] = args.lr
     prep.hp["arch"] = args.arch or (prep.init.name if prep.init is not None else DEFAULT_ARCH[d.data.task])
     prep.hp["init_tensors"] = taken
+    prep.hp["init_choice"] = chosen or ("--init" if args.init else "the default")
     return prep
 
 

@@ -192,6 +192,12 @@ def test_the_shipped_name_resolves_to_its_frozen_encoder(tmp_path: Path) -> None
     assert all(torch.equal(a, b) for a, b in zip(prep.model.encoder.state_dict().values(),
                                                    shipped.encoder.state_dict().values(), strict=True))  # fmt: skip
     assert not any(p.requires_grad for p in prep.model.parameters()) and not (tmp_path / "m").exists()
+    # No --init: the default text encoder is this one; an option of the byte encoder's training picks that one.
+    default = prepare(_args(argv))
+    assert isinstance(default, pretrained_init.Frozen) and default.init == SHIPPED / "lara-news-minilm"
+    assert default.hp["init_choice"].startswith("the default: lara-news-minilm frozen")
+    byte = prepare(_args([*argv, "--epochs", "1"]))
+    assert not isinstance(byte, pretrained_init.Frozen) and byte.hp["init_choice"].startswith("--epochs")
 
 
 def test_a_budget_too_small_for_the_shipped_encoder_names_the_least(tmp_path: Path, capsys) -> None:
