@@ -121,3 +121,11 @@ def test_sample_data_writes_one_part_of_the_fixed_split(tmp_path: Path) -> None:
     assert len(list((tmp_path / "t10k").glob("*/*.png"))) == 12
     with pytest.raises(ValueError, match="not all"):
         sample_data.write_fashion(tmp_path / "x", 1, "all")
+
+
+def test_sources_are_seeded_python_files_of_each_project_within_the_size_range() -> None:
+    rows = su.sources(per_label=3, seed=1)
+    assert Counter(r["label"] for r in rows) == {p: 3 for p in su.SOURCE_PROJECTS}
+    assert all(5 * 1024 <= len(r["text"].encode("utf-8")) <= 101 * 1024 for r in rows)  # replaced bytes may grow
+    assert rows == su.sources(per_label=3, seed=1) and rows != su.sources(per_label=3, seed=2)
+    assert "sources" in su.USER_DATASETS and "sources" not in su.DEFAULT_SETS
