@@ -118,7 +118,10 @@ def summarize(name: str, out: Path) -> dict[str, Any]:
         "baseline_accuracy": base["accuracy"],
         "baseline_interval": [round(x, 4) for x in wilson(round(base["accuracy"] * n), n)],
         "baseline_macro_f1": base["macro_f1"],
-        "epochs": report["training"]["epochs"],
+        # a frozen pretrained encoder (the default for text) has no epochs: its name instead
+        "epochs": f"frozen {conf['training'].get('arch', 'encoder')}"
+        if str(conf["training"].get("schedule", "")).startswith("none")
+        else report["training"]["epochs"],
         "train_cpu_s": round(report["training"]["train_time_s"], 1),
         "command": conf["training"]["command"],
     }
@@ -156,10 +159,11 @@ def markdown(rows: list[dict[str, Any]], budget: float, train_args: str = "") ->
             f"{100 * r['lara_ece']:.1f}% | {r['epochs']} | {_parts(r)} | {r['baseline']} | {_cost(r)} |"
         )
     if any("blend" in r for r in rows):
-        lines += ["", "Text models blend the encoder's logits with a wide path inside the same graph (hashed word "
-                  "1-2-gram tf-idf + logistic regression, fitted before the encoder trains; blend weights "
-                  "a x encoder + b x wide chosen on the holdout: lara_serve.model_export.your_data.wide). The parts column scores "
-                  "each alone on the same test split."]  # fmt: skip
+        lines += ["", "Text models blend the encoder's logits with a wide path inside the same graph (hashed "
+                  "1-2-gram tf-idf + logistic regression: words of the bytes for the byte encoder, word pieces for "
+                  "the frozen pretrained one; blend weights a x encoder + b x wide chosen on the holdout, and the "
+                  "holdout's best of the blend and each part served: lara_serve.model_export.your_data.wide). The "
+                  "parts column scores each alone on the same test split."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

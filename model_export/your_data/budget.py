@@ -42,6 +42,9 @@ from lara_serve.model_export.your_data.pieces import release_memory
 # hundreds of feature vectors, not every document (the issue measured 19 CPU-minutes over all of them).
 OOD_FIT_DOCS = 1000
 OOD_FIT_BYTES = 4 << 20  # 64 whole documents of 64 KB: forward passes over them cost minutes on 2 cores
+# Images: at most this many training images (a 60,000-image set's features and logits would otherwise be held
+# whole; 10,000 vectors estimate a 192-dim covariance per class as well as the fit needs).
+OOD_FIT_IMAGES = 10_000
 # Seconds of the phases whose cost does not grow with the data (CPU seconds measured on 2 cores, rounded
 # up): ONNX export with its checks and the comparison run (17 s for the default text model, 6 s for the default
 # image model on 32x32 digits), the report.

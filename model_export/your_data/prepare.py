@@ -273,15 +273,18 @@ def _prepare_image(args: argparse.Namespace, d: _Labelled) -> tuple[Prepared, An
     train_task = ImageTask(images[split.train], y_train, mean, std, augment=not args.no_augment)
     hold_task = ImageTask(images[split.holdout], torch.from_numpy(d.hold_y), mean, std, augment=False)
     test_task = ImageTask(test_images[d.test_idx], torch.from_numpy(d.test_y), mean, std, augment=False)
-    parts = {"train": ImageTask(images[split.train], y_train, mean, std, augment=False),
+    ood = torch.as_tensor(budget.ood_sample([1] * len(split.train), args.seed, budget.OOD_FIT_IMAGES, 1 << 62))
+    train_idx = torch.as_tensor(split.train)[ood]
+    parts = {"train": ImageTask(images[train_idx], y_train[ood], mean, std, augment=False),
              "holdout": hold_task, "test": test_task}  # fmt: skip
+    hp["ood_fit"] = {"images": len(ood), "of": len(split.train), "at_most": budget.OOD_FIT_IMAGES}
 
     def outputs(m: nn.Module, part: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         with torch.inference_mode():  # as text_outputs: no graph kept per batch, the probe's forward rate
             return task_outputs(m.eval(), parts[part])
 
     # The CNN baseline trains after the encoder, for as long as it did (matched): reserved per second trained.
-    units = {"holdout": len(split.holdout), "test": len(d.test_idx), "ood": len(split.train), "train_bytes": 0,
+    units = {"holdout": len(split.holdout), "test": len(d.test_idx), "ood": len(ood), "train_bytes": 0,
              "train_docs": 0, "wide": 0, "baseline": 0, "matched_baseline": int(not args.no_baseline)}  # fmt: skip
 
     def baseline(secs: float) -> tuple[np.ndarray, str, float]:

@@ -166,6 +166,7 @@ def test_an_image_run_ends_within_its_budget_the_baseline_included(
     write_images(tmp_path / "images", per_label=40)  # 28 steps an epoch of 2: the epoch's own readings are few
     monkeypatch.setattr(budget, "IMAGE_EXPORT_S", 2.0)  # the phases that read the clock a few times cost seconds
     monkeypatch.setattr(budget, "REPORT_S", 2.0)
+    monkeypatch.setattr(budget, "OOD_FIT_IMAGES", 30)  # the ood fit reads a seeded sample of the training images
     _ticking_cpu(monkeypatch, 1.0)
     out = tmp_path / "m"
     args = [str(tmp_path / "images"), "--out", str(out), *TINY_IMAGE, "--time-budget", "1.5", "--clock", "cpu",
@@ -175,5 +176,6 @@ def test_an_image_run_ends_within_its_budget_the_baseline_included(
     training, trained = conf["training"], conf["metrics"]["train_time_s"]
     phases = training["phases_s"]
     assert training["budget_plan_s"]["baseline_share"] == 1.0
+    assert training["ood_fit"]["images"] == 30 and training["ood_fit"]["of"] > 30
     assert training["run_s"] <= 90.0 * 1.1, phases  # was 90 s + the baseline's training time
     assert trained > 15.0 and trained <= phases["baseline"] <= trained + 5.0, phases  # the same time, a step more
