@@ -336,7 +336,9 @@ class LaraBertClassifier(nn.Module):
     def forward_wide(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """The wide path's logits [B, C] (config tfidf_buckets > 0); the serving head adds them to the encoder's."""
         if self.tfidf is None:
-            raise ValueError("forward_wide needs a model with a wide path (config tfidf_buckets > 0); this one has none")
+            raise ValueError(
+                "forward_wide needs a model with a wide path (config tfidf_buckets > 0); this one has none"
+            )
         return wide_logits(self.tfidf, input_ids, attention_mask)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
