@@ -38,9 +38,14 @@ def text_baseline(
     # dict: 4.7 GiB on 9 MB of speeches, where TfidfVectorizer's max_features pruned only after building it).
     vec = make_pipeline(HashingVectorizer(ngram_range=(1, 2), n_features=HASHED_FEATURES, alternate_sign=False,
                                           norm=None), TfidfTransformer(sublinear_tf=True))  # fmt: skip
+    x = vec.fit_transform(decode)
+    # Only the buckets some training text fills: an all-zero column gets weight 0 under the L2 penalty (its
+    # gradient is 0 from the zero start), so the fit is the same, but L-BFGS keeps 10 correction pairs of
+    # classes x columns floats: 1.9 GiB for 7 classes x 2**20 on 900 source files, 55% of the columns used.
+    used = np.unique(x.indices)
     clf = LogisticRegression(C=10.0, max_iter=2000)
-    clf.fit(vec.fit_transform(decode), train_labels)
-    probs = clf.predict_proba(vec.transform([t.decode("utf-8") for t in test_texts]))
+    clf.fit(x[:, used], train_labels)
+    probs = clf.predict_proba(vec.transform([t.decode("utf-8") for t in test_texts])[:, used])
     full = np.zeros((len(test_texts), max(train_labels) + 1))
     full[:, clf.classes_] = probs
     return full, time.perf_counter() - t0

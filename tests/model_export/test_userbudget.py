@@ -179,3 +179,25 @@ def test_an_image_run_ends_within_its_budget_the_baseline_included(
     assert training["ood_fit"]["images"] == 30 and training["ood_fit"]["of"] > 30
     assert training["run_s"] <= 90.0 * 1.1, phases  # was 90 s + the baseline's training time
     assert trained > 15.0 and trained <= phases["baseline"] <= trained + 5.0, phases  # the same time, a step more
+
+
+def test_the_text_baseline_fits_only_the_filled_buckets_with_the_same_answers() -> None:
+    """baseline.text_baseline drops the hashed columns no training text fills (memory of L-BFGS); the
+    probabilities equal a fit over every column (L2: an all-zero column's weight stays 0)."""
+    import numpy as np
+    from sklearn.feature_extraction.text import HashingVectorizer, TfidfTransformer
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+
+    from lara_serve.model_export.your_data.baseline import HASHED_FEATURES, text_baseline
+
+    words = ["market", "shares", "goal", "match", "film", "actor", "code", "chip", "vote", "party"]
+    rng = np.random.default_rng(0)
+    train = [" ".join(rng.choice(words[2 * (i % 5) : 2 * (i % 5) + 2], 6)) + f" x{i}" for i in range(40)]
+    test = [" ".join(rng.choice(words, 5)) + " unseen" for _ in range(10)]
+    y = [i % 5 for i in range(40)]
+    got, _ = text_baseline([t.encode() for t in train], y, [t.encode() for t in test])
+    vec = make_pipeline(HashingVectorizer(ngram_range=(1, 2), n_features=HASHED_FEATURES, alternate_sign=False,
+                                          norm=None), TfidfTransformer(sublinear_tf=True))  # fmt: skip
+    full = LogisticRegression(C=10.0, max_iter=2000).fit(vec.fit_transform(train), y)
+    np.testing.assert_allclose(got, full.predict_proba(vec.transform(test)), atol=1e-6)
