@@ -280,7 +280,12 @@ def test_text_starts_from_the_shipped_encoder_with_a_new_head(work: Path) -> Non
         pytest.skip(f"{shipped} is not here")
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    prep = prepare(parser.parse_args([str(work / "news.jsonl"), "--out", str(work / "unused")]))
+    # the byte encoder by name (without --init and without an option of its training, lara-news-minilm is the
+    # default: test_usertrain_pretrained); an option of its training picks it too
+    args = [str(work / "news.jsonl"), "--out", str(work / "unused")]
+    prep = prepare(parser.parse_args([*args, "--init", "lara-text-news"]))
+    assert prep.hp["init_choice"] == "--init"
+    assert prepare(parser.parse_args([*args, "--lr", "1e-3"])).hp["init_choice"].startswith("--lr train(s)")
     source, own = load_file(str(shipped)), prep.model.state_dict()
     assert prep.cfg.dim == 128 and prep.cfg.num_classes == 3 and prep.hp["arch"] == "lara-text-news"
     assert torch.equal(own["embed.weight"], source["embed.weight"])
