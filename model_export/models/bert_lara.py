@@ -274,6 +274,11 @@ class PieceTfidfHead(TfidfHead):
         super().__init__(buckets, num_classes)
         self.special = tuple(int(s) for s in special)
 
+    @classmethod
+    def for_config(cls, cfg: BertTextConfig, buckets: int) -> PieceTfidfHead:
+        """The head of a model of `cfg`: padding (forward_wide zeroes it), [CLS] and [SEP] are no pieces."""
+        return cls(buckets, cfg.num_classes, (0, cfg.cls_id, cfg.sep_id))
+
     def grams(self, ids: Tensor) -> tuple[Tensor, Tensor]:
         """ids [B, N] ([CLS] + pieces + [SEP], zero-padded) -> (bucket [B, 2N] int64, real [B, 2N] bool):
         each slot's piece, then the bigram ending at it."""
@@ -302,8 +307,7 @@ class LaraBertClassifier(nn.Module):
         self.encoder.embeddings.positions = ExtendedPositions(table, "periodic", cfg.max_positions)
         self.head = nn.Linear(cfg.dim, cfg.num_classes)
         self.pool = AttentionPool(cfg.dim) if cfg.readout == "attention" else None
-        special = (0, cfg.cls_id, cfg.sep_id)  # padding (forward_wide zeroes it), [CLS], [SEP]
-        self.tfidf = PieceTfidfHead(cfg.tfidf_buckets, cfg.num_classes, special) if cfg.tfidf_buckets else None
+        self.tfidf = PieceTfidfHead.for_config(cfg, cfg.tfidf_buckets) if cfg.tfidf_buckets else None
 
     def forward_features(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """[B, N, D], or with a window [B, J*(W+2), D]: every window's vectors, the rows `read_mask` names."""
@@ -335,10 +339,6 @@ class LaraBertClassifier(nn.Module):
 
     def forward_wide(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """The wide path's logits [B, C] (config tfidf_buckets > 0); the serving head adds them to the encoder's."""
-        if self.tfidf is None:
-            raise ValueError(
-                "forward_wide needs a model with a wide path (config tfidf_buckets > 0); this one has none"
-            )
         return wide_logits(self.tfidf, input_ids, attention_mask)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:

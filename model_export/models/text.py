@@ -100,8 +100,10 @@ class TfidfHead(nn.Module):
         return TFIDF_GAIN * (w @ self.weight[bucket]).squeeze(1)  # [B, C]
 
 
-def wide_logits(head: TfidfHead, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-    """A wide head's logits [B, C] over the rows' real ids (padding zeroed), float32."""
+def wide_logits(head: TfidfHead | None, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """A model's forward_wide: its wide head's logits [B, C] over the rows' real ids (padding zeroed), float32."""
+    if head is None:
+        raise ValueError("forward_wide needs a model with a wide path (config tfidf_buckets > 0); this one has none")
     valid = attention_mask > 0
     ids = input_ids * valid.long()
     if not ids.is_cpu or tracing():
@@ -333,10 +335,6 @@ class TextEncoder(nn.Module):
 
     def forward_wide(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """The wide path's logits [B, C] (model config tfidf_buckets > 0)."""
-        if self.tfidf is None:
-            raise ValueError(
-                "forward_wide needs a model with a wide path (config tfidf_buckets > 0); this one has none"
-            )
         return wide_logits(self.tfidf, input_ids, attention_mask)
 
     def forward_deep(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:

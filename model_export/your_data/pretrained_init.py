@@ -67,12 +67,12 @@ EXPORT_S = 45.0
 HEAD_S_PER_DOC_CLASS = 2.5e-3
 # The options of the byte encoder's training that mean nothing for a frozen encoder, and why.
 NOT_FOR_FROZEN = {
-    "no_case_fold": "its word-piece tokenizer lower-cases every text before the encoder reads it (uncased)",
-    "no_augment": "the encoder is not trained, so nothing is augmented",
     "epochs": "the encoder is not trained: there are no epochs (--time-budget bounds the run)",
     "lr": "the encoder is not trained (the head is a logistic regression)",
     "batch_size": "the encoder is not trained (documents are read in batches of pieces)",
     "resume": "a frozen-encoder run has no training loop and keeps no checkpoint; run it again",
+    "no_augment": "the encoder is not trained, so nothing is augmented",
+    "no_case_fold": "its word-piece tokenizer lower-cases every text before the encoder reads it (uncased)",
     "arch": "the architecture is the --init model's",
 }
 
@@ -343,7 +343,7 @@ def fit(prep: Frozen, phases: budget.Phases, progress: str) -> FitState:
     wide = None
     if not prep.no_wide:
         with phases.phase("wide"):
-            head = PieceTfidfHead(userwide.wide_buckets(len(prep.names)), len(prep.names), _special(prep.cfg))
+            head = PieceTfidfHead.for_config(prep.cfg, userwide.wide_buckets(len(prep.names)))
             wide = head, userwide.fit_wide(head, prep.seqs["train"], prep.labels["train"].tolist(), len(prep.names))
     if not prep.no_baseline:
         with phases.phase("baseline"):
@@ -356,11 +356,6 @@ def fit(prep: Frozen, phases: budget.Phases, progress: str) -> FitState:
         if wide is not None:
             prep.parts = attach_wide(prep, *wide, z)
     return FitState(train_time_s=phases.seconds["embedding"] + phases.seconds["head"], history=[])
-
-
-def _special(cfg: BertTextConfig) -> tuple[int, int, int]:
-    """The ids that are not pieces of the text: padding (the wide path zeroes it), [CLS] and [SEP]."""
-    return (0, cfg.cls_id, cfg.sep_id)
 
 
 def _embed_all(prep: Frozen, progress: str) -> dict[str, Tensor]:
@@ -416,14 +411,10 @@ def attach_wide(prep: Frozen, head: PieceTfidfHead, fit: userwide.WideFit, z: di
     and each part alone on the holdout (wide.choose_served, as the byte model does), install it in the model and
     its config, and re-cache the served holdout and test logits for the temperature. Returns config.json
     metrics.parts."""
-    hold_y, test_y = prep.labels["holdout"], prep.labels["test"]
     z_enc = {part: z[part].double().numpy() for part in ("holdout", "test")}
     f_wide = {part: userwide.features(head, prep.seqs[part]) for part in ("holdout", "test")}
     z_wide = {part: fit.logits(f_wide[part]) for part in ("holdout", "test")}
-    a, b = userwide.choose_blend(z_enc["holdout"], z_wide["holdout"], hold_y)
-    weights = {"blend": (a, b), "wide": (0.0, 1.0), "encoder": (1.0, 0.0)}
-    served = userwide.choose_served(z_enc["holdout"], z_wide["holdout"], hold_y, weights)
-    sa, sb = weights[served["part"]]
+    (sa, sb), parts = userwide.blend_parts(z_enc, z_wide, prep.labels["holdout"], prep.labels["test"])
     if sb:  # the encoder alone (b = 0) leaves the graph without a wide path: nothing to compute
         prep.cfg = dataclasses.replace(prep.cfg, tfidf_buckets=head.buckets)
         prep.model.cfg = prep.cfg
@@ -434,18 +425,5 @@ def attach_wide(prep: Frozen, head: PieceTfidfHead, fit: userwide.WideFit, z: di
             wide_part = torch.from_numpy(sb * np.asarray(f_wide[part] @ fit.coef.T)).to(f.dtype)
             prep.cached[part] = (prep.model.head(f) + wide_part, f, y)
         # "train" keeps the encoder head's logits: the serving head reads only its features (the ood fit)
-
-    def acc(part: str, pair: tuple[float, float]) -> float | None:
-        y = hold_y if part == "holdout" else test_y
-        zz = pair[0] * z_enc[part] + pair[1] * z_wide[part]
-        return round(float((zz.argmax(1) == y).mean()), 4) if len(y) else None
-
-    scored = {key: {f"{part}_accuracy": acc(part, w) for part in ("holdout", "test")} for key, w in weights.items()}
-    return {
-        "served": served,
-        "blend": {"encoder": a, "wide": b, "chosen_on": "holdout NLL", "grid": list(userwide.BLEND_GRID),
-                  **scored["blend"]},
-        "encoder": scored["encoder"],
-        "wide": {**scored["wide"], "buckets": head.buckets, "grams": "word-piece 1-2-grams",
-                 **fit.choice.record()},
-    }  # fmt: skip
+    parts["wide"].update(buckets=head.buckets, grams="word-piece 1-2-grams", **fit.choice.record())
+    return parts

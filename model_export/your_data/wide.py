@@ -253,38 +253,39 @@ def detach_and_fit(model: nn.Module, data: WideData) -> tuple[TfidfHead, WideFit
     return head, fit_wide(head, data.train, data.train_y, model.cfg.num_classes)
 
 
+def blend_parts(
+    z_deep: dict[str, np.ndarray], z_wide: dict[str, np.ndarray], hold_y: np.ndarray, test_y: np.ndarray
+) -> tuple[tuple[float, float], dict[str, Any]]:
+    """The blend's weights by holdout NLL and the part the holdout serves (`choose_served`), from each part's
+    "holdout" and "test" logits. Returns ((a, b) to install, config.json metrics "parts" with each part's
+    holdout and test accuracy; the wide entry holds the accuracies only, its settings are the caller's)."""
+    a, b = choose_blend(z_deep["holdout"], z_wide["holdout"], hold_y)
+    weights = {"blend": (a, b), "wide": (0.0, 1.0), "encoder": (1.0, 0.0)}
+    served = choose_served(z_deep["holdout"], z_wide["holdout"], hold_y, weights)
+    labels = {"holdout": hold_y, "test": test_y}
+
+    def acc(part: str, pair: tuple[float, float]) -> float | None:
+        y = labels[part]
+        z = pair[0] * z_deep[part] + pair[1] * z_wide[part]
+        return round(float((z.argmax(1) == y).mean()), 4) if len(y) else None
+
+    scored = {key: {f"{part}_accuracy": acc(part, w) for part in labels} for key, w in weights.items()}
+    parts = {
+        "served": served,
+        "blend": {"encoder": a, "wide": b, "chosen_on": "holdout NLL", "grid": list(BLEND_GRID), **scored["blend"]},
+        "encoder": scored["encoder"],
+        "wide": scored["wide"],
+    }
+    return weights[served["part"]], parts
+
+
 def attach(model: nn.Module, head: TfidfHead, fit: WideFit, data: WideData, deep_logits) -> dict:
     """Blend the trained encoder (`deep_logits(model, docs)` -> [N, C], the model without its wide path) with
     the fitted wide path on the holdout, install both into `model`; returns config.json's metrics "parts":
     the blend and each part's holdout and test accuracy alone."""
-    hold_y, test_y = np.asarray(data.holdout_y), np.asarray(data.test_y)
     z_deep = {"holdout": deep_logits(model, data.holdout), "test": deep_logits(model, data.test)}
     z_wide = {"holdout": fit.logits(features(head, data.holdout)), "test": fit.logits(features(head, data.test))}
-    a, b = choose_blend(z_deep["holdout"], z_wide["holdout"], hold_y)
-    weights = {"blend": (a, b), "wide": (0.0, 1.0), "encoder": (1.0, 0.0)}
-    served = choose_served(z_deep["holdout"], z_wide["holdout"], hold_y, weights)
-    install(model, head, fit, *weights[served["part"]])
-
-    def acc(z: np.ndarray, y: np.ndarray) -> float | None:
-        return round(float((z.argmax(1) == y).mean()), 4) if len(y) else None
-
-    z_blend = {k: a * z_deep[k] + b * z_wide[k] for k in z_deep}
-    return {
-        "served": served,
-        "blend": {
-            "encoder": a,
-            "wide": b,
-            "chosen_on": "holdout NLL",
-            "grid": list(BLEND_GRID),
-            "holdout_accuracy": acc(z_blend["holdout"], hold_y),
-            "test_accuracy": acc(z_blend["test"], test_y),
-        },  # fmt: skip
-        "encoder": {"holdout_accuracy": acc(z_deep["holdout"], hold_y), "test_accuracy": acc(z_deep["test"], test_y)},
-        "wide": {
-            "holdout_accuracy": acc(z_wide["holdout"], hold_y),
-            "test_accuracy": acc(z_wide["test"], test_y),
-            "buckets": head.buckets,
-            "utf8_words": head.utf8,
-            **fit.choice.record(),
-        },
-    }
+    pair, parts = blend_parts(z_deep, z_wide, np.asarray(data.holdout_y), np.asarray(data.test_y))
+    install(model, head, fit, *pair)
+    parts["wide"].update(buckets=head.buckets, utf8_words=head.utf8, **fit.choice.record())
+    return parts
