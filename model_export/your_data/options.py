@@ -16,6 +16,17 @@ DEFAULT_INIT = {"text": "lara-text-news", "image": "none"}  # what trains when t
 # (your_data.pretrained_init). Measured on the user-like sets (docs/train-your-data.md): 2.8-8.3 points above
 # the byte encoder's served accuracy on three, 0.4 under on e-mails, in less CPU time and memory.
 DEFAULT_TEXT_ENCODER = "lara-news-minilm"
+# The options of the byte encoder's training that mean nothing for a frozen encoder (pretrained_init refuses
+# them with --init lara-news-minilm), and why; given without --init they ask for the byte encoder.
+NOT_FOR_FROZEN = {
+    "epochs": "the encoder is not trained: there are no epochs (--time-budget bounds the run)",
+    "lr": "the encoder is not trained (the head is a logistic regression)",
+    "batch_size": "the encoder is not trained (documents are read in batches of pieces)",
+    "resume": "a frozen-encoder run has no training loop and keeps no checkpoint; run it again",
+    "no_augment": "the encoder is not trained, so nothing is augmented",
+    "no_case_fold": "its word-piece tokenizer lower-cases every text before the encoder reads it (uncased)",
+    "arch": "the architecture is the --init model's",
+}
 DEFAULT_BUDGET_MIN = 15.0
 MAX_DEFAULT_IMAGE = 64  # default --image-size is the data's most common side, at most this
 
@@ -105,8 +116,6 @@ def default_text_init(args: argparse.Namespace, processes: int) -> tuple[str, st
     """(--init, why) for text data given without --init: the frozen pretrained encoder, unless the run asks for
     what only the trained byte encoder has (an option of its training, several processes), or the model is not
     in this install (a lean image); then lara-text-news, fine-tuned as before."""
-    from lara_serve.model_export.your_data.pretrained_init import NOT_FOR_FROZEN  # it imports this module
-
     # the options a frozen encoder refuses are the ones that ask for the byte encoder's training
     asked = [f"--{k.replace('_', '-')}" for k in NOT_FOR_FROZEN if getattr(args, k) not in (None, False)]
     if args.pooling != recipe.POOLING:

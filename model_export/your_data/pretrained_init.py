@@ -50,7 +50,7 @@ from lara_serve.model_export.your_data import budget, recipe
 from lara_serve.model_export.your_data import wide as userwide
 from lara_serve.model_export.your_data.baseline import TEXT_BASELINE, text_baseline
 from lara_serve.model_export.your_data.fit import BudgetTooSmall, FitState
-from lara_serve.model_export.your_data.options import DEFAULT_ARCH, UsageError, resolve_init
+from lara_serve.model_export.your_data.options import DEFAULT_ARCH, NOT_FOR_FROZEN, UsageError, resolve_init
 
 WORD_PIECE_ARCH = BertTextConfig.arch  # config.json model.arch of a model this path takes as --init
 BATCH_PIECES = 4096  # padded pieces per encoder batch (documents sorted by length), as the shipped build's
@@ -65,16 +65,6 @@ EXPORT_S = 45.0
 # of the wide path, per training document and class (at least 2): 6.2 s measured for 1,440 subject lines of 2
 # classes, 8.6 s for 1,440 messages of 5.
 HEAD_S_PER_DOC_CLASS = 2.5e-3
-# The options of the byte encoder's training that mean nothing for a frozen encoder, and why.
-NOT_FOR_FROZEN = {
-    "epochs": "the encoder is not trained: there are no epochs (--time-budget bounds the run)",
-    "lr": "the encoder is not trained (the head is a logistic regression)",
-    "batch_size": "the encoder is not trained (documents are read in batches of pieces)",
-    "resume": "a frozen-encoder run has no training loop and keeps no checkpoint; run it again",
-    "no_augment": "the encoder is not trained, so nothing is augmented",
-    "no_case_fold": "its word-piece tokenizer lower-cases every text before the encoder reads it (uncased)",
-    "arch": "the architecture is the --init model's",
-}
 
 
 def applies(args: argparse.Namespace) -> bool:
