@@ -61,8 +61,12 @@ def average_state_dicts(
         if first.is_floating_point():
             acc = sum(wi * t.to(torch.float64) for wi, t in zip(w.tolist(), ts, strict=True))
             out[k] = acc.to(first.dtype)
+        elif k.endswith("num_batches_tracked"):
+            # BatchNorm's step counter: bookkeeping that eval never reads (the layers have a momentum), and
+            # runs of different lengths differ in it; the soup keeps the largest.
+            out[k] = torch.stack(ts).max(0).values
         else:
-            # Integer tensors (counters, index tables) cannot be averaged; they must already agree.
+            # Other integer tensors (index tables) cannot be averaged; they must already agree.
             if not all(torch.equal(first, t) for t in ts[1:]):
                 raise ValueError(f"{k}: non-floating tensor differs between ingredients")
             out[k] = first.clone()

@@ -85,6 +85,10 @@ def test_soup_rejects_what_cannot_be_averaged(tmp_path):
     with pytest.raises(ValueError, match="non-floating tensor differs"):
         soup.average_state_dicts([ints, {"n": torch.tensor([1, 3])}])
     assert torch.equal(soup.average_state_dicts([ints, dict(ints)])["n"], ints["n"])
+    # BatchNorm's step counters differ between runs of different lengths: the soup keeps the largest
+    bn = "stem.body.1.num_batches_tracked"
+    counters = soup.average_state_dicts([{bn: torch.tensor(5)}, {bn: torch.tensor(9)}, {bn: torch.tensor(7)}])
+    assert counters[bn].item() == 9 and counters[bn].dtype == torch.int64
 
 
 def test_cli_scores_the_holdout_and_records_its_command(tmp_path, capsys, news_test):
