@@ -148,6 +148,10 @@ class BertTextConfig:
     # > 0: a wide path beside the encoder, a linear head over the document's hashed word-piece 1-2-gram tf-idf
     # (bert_lara.PieceTfidfHead, `lara train --init` fits it); 0: none (the shipped lara-news-minilm)
     tfidf_buckets: int = 0
+    # > 0: a text of fewer word pieces is not a document and its ood_score is SHORT_TEXT_SCORE (models/ood.py;
+    # 2 for lara-news-minilm, where "a" passed as news); 0: every text scored by its features (a user's labels
+    # may be one word long)
+    min_pieces: int = 0
     attention: AttentionConfig = field(
         default_factory=lambda: AttentionConfig(kind="lara", num_landmarks=64, landmark_module="none")
     )
@@ -157,6 +161,8 @@ class BertTextConfig:
         _one_of("readout", self.readout, ("mean", "attention"))
         if self.window < 0 or self.window == 1:
             raise ValueError(f"window must be 0 (whole documents) or at least 2 pieces, got {self.window}")
+        if self.min_pieces < 0:
+            raise ValueError(f"min_pieces must be 0 (none) or a number of pieces, got {self.min_pieces}")
         if self.attention.kind != "lara":
             raise ValueError(f"a bert_lara model reads through LARA; attention kind {self.attention.kind!r} given")
         if self.tfidf_buckets < 0 or self.tfidf_buckets == 1:

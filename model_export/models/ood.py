@@ -14,6 +14,11 @@ import torch
 from torch import Tensor, nn
 
 SERVING_KEYS = ("serving.temperature", "serving.ood_means", "serving.ood_whiten")
+# A word-piece model with cfg.min_pieces > 0: a text of fewer pieces ("a", "The") is not a document; its pooled
+# vector is one embedding, which may sit anywhere (measured: "a" scored 445 against the int8 lara-news-minilm
+# threshold of 527, while "Shares rose." scored 581). Its ood_score is SHORT_TEXT_SCORE, beyond any threshold,
+# as the byte models' input score does for a text of fewer than two bytes (models/ood_input.py).
+SHORT_TEXT_SCORE = 1e6
 
 
 class MahalanobisScore(nn.Module):
@@ -147,7 +152,12 @@ class TextServingModel(ServingModel):
             logits = logits + self.model.forward_wide(input_ids, attention_mask)
         feature = self.ood(pooled)
         inp = None if self.input_score is None else self.input_score(input_ids, attention_mask)
-        return logits / self.temperature, self.combine(feature, inp)
+        score = self.combine(feature, inp)
+        min_pieces = getattr(self.cfg, "min_pieces", 0)
+        if min_pieces:  # word pieces: the mask covers [CLS] + pieces + [SEP]
+            pieces = attention_mask.sum(1) - 2
+            score = torch.where(pieces < min_pieces, torch.full_like(score, SHORT_TEXT_SCORE), score)
+        return logits / self.temperature, score
 
 
 class ImageServingModel(ServingModel):

@@ -86,7 +86,7 @@ def served_config(
         vocab_size=b.vocab_size, dim=b.dim, depth=b.depth, heads=b.heads, mlp_dim=b.mlp_dim,
         max_positions=b.max_positions, type_vocab_size=b.type_vocab_size, norm_eps=b.norm_eps,
         max_length=max_length, landmark_module=student_cfg.landmark_module, num_classes=len(NEWS_LABELS),
-        readout=readout, window=window, attention=AttentionConfig(kind="lara", num_landmarks=student_cfg.num_landmarks, landmark_module="none",
+        readout=readout, window=window, min_pieces=2, attention=AttentionConfig(kind="lara", num_landmarks=student_cfg.num_landmarks, landmark_module="none",
                                   alpha_coeff=student_cfg.alpha_coeff, eval_noise=student_cfg.eval_noise),
     )  # fmt: skip
 

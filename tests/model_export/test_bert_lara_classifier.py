@@ -17,7 +17,7 @@ from lara_serve.model_export.export.exporter import export_model_dir, half_stora
 from lara_serve.model_export.models.bert_lara import LaraBertClassifier, window_layout
 from lara_serve.model_export.models.config import AttentionConfig, BertTextConfig, config_from_dict, config_to_dict
 from lara_serve.model_export.models.hub import load_pretrained, make_config_dict, model_io_spec
-from lara_serve.model_export.models.ood import MahalanobisScore, ServingModel
+from lara_serve.model_export.models.ood import SHORT_TEXT_SCORE, MahalanobisScore, ServingModel
 from lara_serve.model_export.models.registry import build_model
 from lara_serve.model_export.pretrained.classifier import round_to_half, save_half, with_forms
 from lara_serve.model_export.pretrained.wrappers import FORMS, wrapped
@@ -150,6 +150,7 @@ def test_half_storage_converts_only_exact_initializers() -> None:
 
 @CONFIGS
 def test_export_one_lara_node_per_layer_and_parity(tmp_path: Path, cfg: BertTextConfig) -> None:
+    cfg = dataclasses.replace(cfg, min_pieces=2)
     model = tiny_model(cfg=cfg)
     round_to_half(model, min_elements=1024)
     g = torch.Generator().manual_seed(0)
@@ -167,6 +168,16 @@ def test_export_one_lara_node_per_layer_and_parity(tmp_path: Path, cfg: BertText
         ref_logits, ref_ood = serving(torch.from_numpy(ids), torch.ones(1, 5, dtype=torch.long))
     np.testing.assert_allclose(logits, ref_logits.numpy(), atol=1e-5)
     np.testing.assert_allclose(ood, ref_ood.numpy(), rtol=1e-3)
+    assert float(ood[0]) < SHORT_TEXT_SCORE
+    # min_pieces 2: one word piece ("a") is not a document, flagged whatever its one embedding says, in a
+    # padded batch too; two pieces are scored as any text
+    batch = np.array([[2, 17, 3, 0, 0], [2, 17, 99, 3, 0], [2, 3, 0, 0, 0]], dtype=np.int64)
+    mask = (batch != 0).astype(np.int64)
+    _, ood = sess.run(None, {"input_ids": batch, "attention_mask": mask})
+    with torch.no_grad():
+        _, ref_ood = serving(torch.from_numpy(batch), torch.from_numpy(mask))
+    assert ood[0] == ood[2] == ref_ood[0] == ref_ood[2] == SHORT_TEXT_SCORE
+    assert ood[1] < SHORT_TEXT_SCORE and abs(float(ood[1]) / float(ref_ood[1]) - 1) < 1e-3
 
 
 @pytest.mark.parametrize("form", list(FORMS))
@@ -184,3 +195,13 @@ def test_with_forms_adds_headline_lead_and_one_long_form_per_text() -> None:
     assert forms[4] in FORMS and forms[4] not in ("whole", "headline", "lead")
     with pytest.raises(ValueError, match="allowed"):
         wrapped(ARTICLE, "pdf", 0)
+
+
+def test_without_min_pieces_a_one_piece_text_is_scored_by_its_features() -> None:
+    """The default (a user's labels may be one word long): no text is flagged for its length alone."""
+    model = tiny_model(cfg=TINY_WIN)
+    feats = torch.nn.functional.normalize(torch.randn(60, TINY.dim, generator=torch.Generator().manual_seed(0)), dim=-1)
+    serving = ServingModel.wrap(model, 1.0, MahalanobisScore.fit(feats, torch.arange(60) % 3))
+    with torch.no_grad():
+        _, ood = serving(torch.tensor([[2, 17, 3]]), torch.ones(1, 3, dtype=torch.long))
+    assert TINY_WIN.min_pieces == 0 and float(ood[0]) < SHORT_TEXT_SCORE

@@ -127,3 +127,28 @@ def test_int8_graph_against_the_float_weights(news_test) -> None:
         assert int(p_int8.argmax()) == int(p_ref.argmax())
         assert float((p_int8 - p_ref).abs().max()) < 0.15
         assert abs(float(ood[0]) / float(ref_ood[0]) - 1) < 0.15
+
+
+def test_ood_score_flags_one_piece_texts_and_machine_text_not_articles(news_test) -> None:
+    """"a" (one word piece: config min_pieces 2) and a server log are out of distribution; wrapped and plain
+    test articles are in (research/minilm_ood_probe.py: logs, JSON dumps, base64, chat logs, random bytes,
+    lorem, non-English 100% flagged, code 92.5%; wrapped articles 97.5-100% in)."""
+    conf = json.loads((MODEL / "config.json").read_text())
+    threshold = conf["ood"]["threshold"]
+    prep = read_config(MODEL).preprocessing
+    session = make_session(MODEL / "1" / "model.onnx", threads=2)
+
+    def score(text: str) -> float:
+        ids = text_item(text.encode(), prep, "head").arrays[IDS][None]
+        return float(session.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})[1][0])
+
+    log = "".join(
+        f"2026-03-0{i % 9 + 1} 10:{i:02d}:07,311 INFO [worker-{i % 4}] GET /api/v1/items/{1000 + 37 * i} "
+        f"status=200 latency_ms={i * 7 % 300}\n"
+        for i in range(40)
+    )
+    assert conf["model"]["min_pieces"] == 2
+    assert score("a") > threshold and score(log) > threshold
+    assert score("Shares in the bank rose after profits beat forecasts.") < 1e6  # two or more pieces: its features
+    articles = [score(doc.text) for doc in news_test[::40]]
+    assert sum(s <= threshold for s in articles) >= len(articles) - 1
