@@ -130,7 +130,7 @@ def test_int8_graph_against_the_float_weights(news_test) -> None:
 
 
 def test_ood_score_flags_one_piece_texts_and_machine_text_not_articles(news_test) -> None:
-    """"a" (one word piece: config min_pieces 2) and a server log are out of distribution; wrapped and plain
+    """ "a" (one word piece: config min_pieces 2) and a server log are out of distribution; wrapped and plain
     test articles are in (research/minilm_ood_probe.py: logs, JSON dumps, base64, chat logs, random bytes,
     lorem, non-English 100% flagged, code 92.5%; wrapped articles 97.5-100% in)."""
     conf = json.loads((MODEL / "config.json").read_text())
