@@ -106,6 +106,14 @@ class ModelConfig(BaseModel):
         return any(spec.name == OOD_OUTPUT for spec in self.outputs)
 
     @property
+    def rows_alone(self) -> bool:
+        """config.json export.quantization (model_export.export.quantize): the graph quantizes activations with
+        one scale per call, over the whole batch, so a row's answer would depend on its batchmates and its
+        padding; such a graph runs each row alone, at its own length."""
+        export = (self.model_extra or {}).get("export")
+        return isinstance(export, dict) and isinstance(export.get("quantization"), dict)
+
+    @property
     def ood_threshold(self) -> float | None:
         """config.json's ood.threshold: an item is in distribution when its ood_score <= threshold."""
         ood = (self.model_extra or {}).get("ood")

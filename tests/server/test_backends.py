@@ -192,3 +192,24 @@ def test_the_hand_off_length_is_where_the_torch_forward_slices(repo: Path, tmp_p
     assert onnx_runtime.LONG_TOKENS == long_forward.LONG_FROM
     missing = onnx_runtime._TorchForLong(tmp_path, read_config(repo / TEXT), 0)
     assert missing.unavailable is not None and "model.safetensors does not exist" in missing.unavailable
+
+
+@pytest.mark.skipif(
+    not (DEFAULT_MODEL_REPOSITORY / "lara-news-minilm" / "config.json").is_file(), reason="lara-news-minilm not here"
+)
+def test_an_int8_graph_gives_a_row_the_answer_it_gets_alone() -> None:
+    """lara-news-minilm's int8 graph quantizes activations with one scale per call: batched naively, an article's
+    ood_score moved 5% with another document beside it. Its backend runs each row alone, at its own length:
+    the same bits batched, padded or not."""
+    model_dir = DEFAULT_MODEL_REPOSITORY / "lara-news-minilm"
+    config = read_config(model_dir)
+    assert config.rows_alone and not read_config(DEFAULT_MODEL_REPOSITORY / "lara-text-news").rows_alone
+    backend = create_backend("onnxruntime", model_dir, config, "cpu", num_threads=1)
+    texts = [ARTICLE, b"The striker scored twice as the home side won the cup final. " * 12, b"a"]
+    items = [text_item(t, config.preprocessing, False) for t in texts]  # type: ignore[arg-type]
+    together = backend.run_outputs(collate(items, config))
+    for i, item in enumerate(items):
+        alone = backend.run_outputs(collate([item], config))
+        np.testing.assert_array_equal(together.logits[i], alone.logits[0])
+        np.testing.assert_array_equal(together.ood_score[i], alone.ood_score[0])  # type: ignore[index]
+    backend.close()
