@@ -152,12 +152,13 @@ class TextServingModel(ServingModel):
             logits = logits + self.model.forward_wide(input_ids, attention_mask)
         feature = self.ood(pooled)
         inp = None if self.input_score is None else self.input_score(input_ids, attention_mask)
+        scaled = logits / self.temperature  # before the score: the shipped graphs' node order, byte for byte
         score = self.combine(feature, inp)
         min_pieces = getattr(self.cfg, "min_pieces", 0)
         if min_pieces:  # word pieces: the mask covers [CLS] + pieces + [SEP]
             pieces = attention_mask.sum(1) - 2
             score = torch.where(pieces < min_pieces, torch.full_like(score, SHORT_TEXT_SCORE), score)
-        return logits / self.temperature, score
+        return scaled, score
 
 
 class ImageServingModel(ServingModel):
