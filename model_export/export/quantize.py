@@ -76,7 +76,8 @@ def quantize_file(src: Path, dst: Path, per_channel: bool = True, skip: Collecti
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     model = onnx.load(src)
-    before = onnx.load(src)
+    before = onnx.ModelProto()
+    before.CopyFrom(model)  # the custom op as it was, to check after quantization
     matmul_weights = {n.input[1] for n in model.graph.node if n.op_type == "MatMul" and n.name not in skip}
     folded = set(fold_float16_casts(model, only=matmul_weights))  # the embedding tables stay float16
     targets = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in folded]
