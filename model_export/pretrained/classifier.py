@@ -3,7 +3,7 @@
     python -m lara_serve.model_export.pretrained.classifier --student runs/pretrained-lara-c64-cpu \
         --out model_repository/lara-news-minilm
 
-What it builds, from a transfer run folder (`transfer.py`) and the BBC News train split only:
+What it builds, from a transfer run folder (`transfer.py`) and the BBC News train split (never its test split):
 1. the student with its adapters folded in and every large weight rounded to float16 (the shipped files hold
    them as float16: 45 MB instead of 91; the rounding happens before anything is fitted, so the head, the
    calibration and the ONNX parity all see the weights that are served);
@@ -11,6 +11,8 @@ What it builds, from a transfer run folder (`transfer.py`) and the BBC News trai
 3. features: the unit-length mean embedding of each training document read whole in one pass, its headline
    and its lead sentence, and one long form of it (`wrappers.FORMS`: web page, e-mail, JSON record, Markdown,
    a table after it) drawn per document from a fixed seed; the holdout the same way;
+   with --topic-sources, the fit and the holdout also hold other sources of two topics (`topic_sources`: State of
+   the Union addresses as politics, Python packages' descriptions as tech), each address or package on one side;
 4. a multinomial logistic-regression head (scikit-learn), its C chosen by holdout log-loss;
 5. the serving head as every shipped model has it (`head.finalize.serving_sections`): a temperature fitted on
    the holdout (whole texts and forms together), a Mahalanobis ood_score on the training features (forms
@@ -28,6 +30,7 @@ import json
 import random
 import shutil
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -53,6 +56,7 @@ from lara_serve.model_export.pretrained.robust_head import (
 )
 from lara_serve.model_export.pretrained.student import StudentConfig, load_student, merge_adapters
 from lara_serve.model_export.pretrained.teacher import WordPieces, load_teacher, pad_pieces, teacher_dir
+from lara_serve.model_export.pretrained.topic_sources import topic_items
 from lara_serve.model_export.pretrained.wrappers import FORMS, wrapped
 from lara_serve.model_export.training.data import load_news
 
@@ -147,11 +151,12 @@ def accuracy_by_form(logits: Tensor, y: Tensor, forms: Sequence[str]) -> dict[st
 
 def build(
     student_dir: Path, out: Path, max_length: int, threads: int, seed: int = 0, limit: int = 0,
-    readout: str = "mean", cache: Path | None = None, window: int = 0,
+    readout: str = "mean", cache: Path | None = None, window: int = 0, topics: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """The whole build (module docstring); limit > 0 keeps that many documents of each split (smoke runs);
     readout "attention" trains `robust_head`'s pool; cache: a folder keeping token vectors between builds
-    (one per student and window); window > 0: documents read in windows of that many pieces."""
+    (one per student and window); window > 0: documents read in windows of that many pieces; topics: the fit
+    and holdout gain other sources of two topics (`topic_sources`)."""
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
     teacher, tok = load_teacher()
@@ -173,16 +178,24 @@ def build(
         fit_docs, val_docs, test_docs = (
             ds[:: max(1, len(ds) // limit)][:limit] for ds in (fit_docs, val_docs, test_docs)
         )
+    extra = topic_items(seed) if topics else []
+    if limit:
+        extra = extra[:: max(1, len(extra) // limit)][:limit]
     sets, tokens = {}, {}
     for name, docs, s in (("fit", fit_docs, seed), ("val", val_docs, seed + 1), ("test", test_docs, seed + 2)):
         texts, ys, forms = with_forms([d.text for d in docs], [d.label for d in docs], s)
+        parts = [(name, texts)]
+        if name != "test":  # other sources: whole addresses and packages on one side of the holdout rule
+            mine = [i for i in extra if in_holdout(i.key) == (name == "val")]
+            if mine:
+                parts.append((f"{name}-topics", [i.text for i in mine]))
+                ys, forms = ys + [i.label for i in mine], forms + [i.source for i in mine]
         if use_tokens:
-            tokens[name] = cached(
-                cache, name, texts, lambda t=texts, n=name: token_states(reader, tok, t, max_length, n)
-            )
+            read = [cached(cache, n, t, lambda t=t, n=n: token_states(reader, tok, t, max_length, n)) for n, t in parts]
+            tokens[name] = read[0] if len(read) == 1 else read[0].join(read[1])
             features = tokens[name].means()
         else:
-            features = embed(encoder, tok, texts, max_length, name)
+            features = torch.cat([embed(encoder, tok, t, max_length, n) for n, t in parts])
         sets[name] = (features, torch.tensor(ys), forms)
     (f_fit, y_fit, _), (f_val, y_val, forms_val), (f_test, y_test, forms_test) = sets["fit"], sets["val"], sets["test"]
     weight, bias, head_notes = fit_head(f_fit, y_fit, f_val, y_val)
@@ -225,7 +238,8 @@ def build(
                   "transfer_run": str(student_dir), "student": scfg.to_dict(), "head": head_notes,
                   "float16_values": rounded, "command": f"python -m lara_serve.model_export.pretrained.classifier "
                   f"--student {student_dir} --out {out} --max-length {max_length} --readout {readout}"
-                  + (f" --window {window}" if window else "")},
+                  + (f" --window {window}" if window else "") + (" --topic-sources" if topics else ""),
+                  "topic_sources": dict(Counter(i.source for i in extra))},
         metrics=metrics, calibration=calibration, ood=ood_section,
     )  # fmt: skip
     conf["outputs"] = [*conf["outputs"], {"name": "ood_score", "datatype": "FP32", "shape": [-1]}]  # as finalize
@@ -271,9 +285,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--cache", type=Path, default=None, help="a folder keeping token vectors between builds")
     p.add_argument("--window", type=int, default=0,
                    help="0: each document read whole in one pass; W: read in windows of W pieces (510 for MiniLM)")  # fmt: skip
+    p.add_argument("--topic-sources", action="store_true",
+                   help="add State of the Union addresses (politics) and Python packages' descriptions (tech)")  # fmt: skip
     args = p.parse_args(argv)
     return build(args.student, args.out, args.max_length, args.threads, limit=args.limit, readout=args.readout,
-                 cache=args.cache, window=args.window)  # fmt: skip
+                 cache=args.cache, window=args.window, topics=args.topic_sources)  # fmt: skip
 
 
 if __name__ == "__main__":

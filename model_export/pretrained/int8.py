@@ -9,7 +9,8 @@ own files (idempotent: a quantized model dir is exported to float again first):
 2. quantize it (export.quantize: 24 of the 36 encoder projections per channel, the query and key ones kept
    float, FLOAT_PROJECTIONS; LaraAttention untouched) into 1/model.onnx;
 3. read the build's holdout items (classifier.with_forms: each holdout document whole, its headline, its lead
-   and one long form, 1,048 items) and the same forms of the test split through both graphs, one at a time
+   and one long form, 1,048 items; and the holdout side of `topic_sources` where the build used them) and the
+   same forms of the test split through both graphs, one at a time
    with the server's preprocessing;
 4. refit what the float graph's head was fitted on: the ood threshold passing PASS_RATE of the holdout's int8
    scores (the Mahalanobis statistics stay: they describe the float features, and the threshold absorbs the
@@ -46,6 +47,7 @@ from lara_serve.model_export.models.hub import VERSION, load_config
 from lara_serve.model_export.models.ood import threshold_at
 from lara_serve.model_export.pretrained.classifier import accuracy_by_form, in_holdout, with_forms
 from lara_serve.model_export.pretrained.teacher import WordPieces
+from lara_serve.model_export.pretrained.topic_sources import topic_items
 from lara_serve.model_export.training.data import load_news
 
 MODEL = Path(__file__).resolve().parents[2] / "model_repository" / "lara-news-minilm"
@@ -154,6 +156,9 @@ def quantize_served(model_dir: Path = MODEL, threads: int = 1, limit: int = 0, s
         if limit:
             val_docs, test_docs = val_docs[:limit], test_docs[:limit]
         val_t, val_y, val_f = with_forms([d.text for d in val_docs], [d.label for d in val_docs], seed + 1)
+        if load_config(model_dir).get("training", {}).get("topic_sources"):  # the build's holdout had them too
+            extra = [i for i in topic_items(seed) if in_holdout(i.key)][: limit or None]
+            val_t, val_y, val_f = val_t + [i.text for i in extra], val_y + [i.label for i in extra], val_f + [i.source for i in extra]  # fmt: skip
         test_t, test_y, test_f = with_forms([d.text for d in test_docs], [d.label for d in test_docs], seed + 2)
         val = read_items(paths, model_dir, val_t, threads, "holdout")
         test = read_items(paths, model_dir, test_t, threads, "test")

@@ -22,8 +22,10 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -52,6 +54,11 @@ class TokenSet:
 
     def lengths(self) -> Tensor:
         return self.offsets[1:] - self.offsets[:-1]
+
+    def join(self, other: TokenSet) -> TokenSet:
+        """This set's texts, then other's."""
+        offsets = torch.cat([self.offsets, other.offsets[1:] + self.offsets[-1]])
+        return TokenSet(torch.cat([self.states, other.states]), offsets)
 
     def means(self) -> Tensor:
         """Unit-length masked means [N, D] (what the mean readout and the ood score read)."""
@@ -234,12 +241,57 @@ def pool_logits(fitted: FittedPool, texts: TokenSet, chunk: int = 256) -> Tensor
 
 
 def filler_passages(count: int, seed: int, min_bytes: int = 1000, max_bytes: int = 24_000) -> list[str]:
-    """`count` passages of the trainer's filler (FillerBank.installed, every kind), lengths log-uniform."""
-    from lara_serve.model_export.training.augment import FillerBank
+    """`count` passages of the trainer's filler (FillerBank.installed, every kind, and translated manual pages
+    where installed: one kind more), lengths log-uniform."""
+    from lara_serve.model_export.training.augment import FILLER_KINDS, FillerBank
 
-    bank, rng = FillerBank.installed(), random.Random(seed)
+    bank, rng, foreign = FillerBank.installed(), random.Random(seed), translated_man_pages()
     sizes = [round(math.exp(rng.uniform(math.log(min_bytes), math.log(max_bytes)))) for _ in range(count)]
-    return [bank.sample(rng, n).decode("utf-8", errors="ignore") for n in sizes]
+    out = []
+    for n in sizes:
+        if foreign and rng.randrange(len(FILLER_KINDS) + 1) == 0:
+            out.append(_cut_from(foreign, n, rng))
+        else:
+            out.append(bank.sample(rng, n).decode("utf-8", errors="ignore"))
+    return out
+
+
+_TROFF_ESCAPE = re.compile(r"\\(?:\(..|\*\(..|\*.|f\[[^]]*\]|f.|s[-+]?\d|[-&|^ e0])")
+
+
+@cache
+def translated_man_pages(root: Path = Path("/usr/share/man"), per_language: int = 200_000) -> tuple[str, ...]:
+    """Non-English prose: the installed manual pages' translations (root/<language>/man*/, at most
+    `per_language` characters of each language), troff requests and escapes removed. The robustness suite's
+    non-English filler is another source (gettext catalogues). Empty where no translation is installed."""
+    import gzip
+
+    out, size = [], dict[str, int]()
+    for path in sorted(root.glob("[a-z][a-z]*/man*/*.gz")):
+        lang = path.parent.parent.name
+        if size.get(lang, 0) >= per_language:
+            continue
+        try:
+            raw = gzip.decompress(path.read_bytes()).decode("utf-8", errors="ignore")
+        except (OSError, EOFError):
+            continue
+        lines = [_TROFF_ESCAPE.sub("", ln) for ln in raw.splitlines() if ln and ln[0] not in ".'"]
+        text = "\n".join(ln for ln in lines if ln.strip())
+        if len(text) > 500:
+            out.append(text)
+            size[lang] = size.get(lang, 0) + len(text)
+    return tuple(out)
+
+
+def _cut_from(texts: Sequence[str], n: int, rng: random.Random) -> str:
+    """About n characters from a random place, continued by further random texts."""
+    parts, size = [], 0
+    while size < n:
+        parts.append(texts[rng.randrange(len(texts))])
+        size += len(parts[-1]) + 1
+    joined = "\n".join(parts)
+    start = rng.randrange(max(1, len(joined) - n + 1))
+    return joined[start : start + n]
 
 
 def cached(cache: Path | None, name: str, texts: Sequence[str], make: Callable[[], TokenSet]) -> TokenSet:
