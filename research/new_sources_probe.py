@@ -102,11 +102,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result: dict[str, Any] = {"command": "python -m research.new_sources_probe", "model": args.model, "sets": {}}
     for name, (texts, label) in sets.items():
         raws = [t.encode("utf-8") for t in texts]
-        # the int8 graph quantizes activations per call: one row per call, as the server runs it (rows_alone)
         rows = {
-            "lara-news-minilm": minilm(
-                raws, batch_size=1 if minilm.config.get("export", {}).get("quantization") else 16
-            ),
+            "lara-news-minilm": minilm(raws),  # an int8 graph: one row per call (OnnxText), as the server runs it
             "lara-text-news": byte_model(raws),
             "tfidf-logreg": anchor(raws, byte_model.max_length),
         }
