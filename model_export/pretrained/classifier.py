@@ -47,6 +47,7 @@ from lara_serve.model_export.models.hub import TOKENIZER_FILE, make_config_dict,
 from lara_serve.model_export.models.ood import ServingModel
 from lara_serve.model_export.models.registry import NEWS_LABELS
 from lara_serve.model_export.pretrained.robust_head import (
+    CompositeRecipe,
     cached,
     length_batches,
     pool_logits,
@@ -152,11 +153,13 @@ def accuracy_by_form(logits: Tensor, y: Tensor, forms: Sequence[str]) -> dict[st
 def build(
     student_dir: Path, out: Path, max_length: int, threads: int, seed: int = 0, limit: int = 0,
     readout: str = "mean", cache: Path | None = None, window: int = 0, topics: bool = False,
+    filler_ratio: float = CompositeRecipe.max_ratio,
 ) -> dict[str, Any]:  # fmt: skip
     """The whole build (module docstring); limit > 0 keeps that many documents of each split (smoke runs);
     readout "attention" trains `robust_head`'s pool; cache: a folder keeping token vectors between builds
     (one per student and window); window > 0: documents read in windows of that many pieces; topics: the fit
-    and holdout gain other sources of two topics (`topic_sources`)."""
+    and holdout gain other sources of two topics (`topic_sources`); filler_ratio: the most filler the pool's
+    training composites add, in multiples of the text's own pieces."""
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
     teacher, tok = load_teacher()
@@ -205,7 +208,8 @@ def build(
         z = {k: classifier.head(v[0]) for k, v in sets.items()}
     z_temperature, y_temperature = z["val"], y_val
     if readout == "attention":
-        fitted = robust_readout(classifier, reader, tok, tokens, (y_fit, y_val), max_length, cache, seed)
+        recipe = CompositeRecipe(max_ratio=filler_ratio)
+        fitted = robust_readout(classifier, reader, tok, tokens, (y_fit, y_val), max_length, cache, seed, recipe)
         head_notes = {"init": head_notes, "attention_pool": fitted.notes}
         z = {k: pool_logits(fitted, tokens[k]) for k in sets}
         z_temperature, y_temperature = fitted.notes.pop("holdout_with_filler")
@@ -238,7 +242,8 @@ def build(
                   "transfer_run": str(student_dir), "student": scfg.to_dict(), "head": head_notes,
                   "float16_values": rounded, "command": f"python -m lara_serve.model_export.pretrained.classifier "
                   f"--student {student_dir} --out {out} --max-length {max_length} --readout {readout}"
-                  + (f" --window {window}" if window else "") + (" --topic-sources" if topics else ""),
+                  + (f" --window {window}" if window else "") + (" --topic-sources" if topics else "")
+                  + (f" --max-filler-ratio {filler_ratio:g}" if filler_ratio != CompositeRecipe.max_ratio else ""),
                   "topic_sources": dict(Counter(i.source for i in extra))},
         metrics=metrics, calibration=calibration, ood=ood_section,
     )  # fmt: skip
@@ -287,9 +292,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="0: each document read whole in one pass; W: read in windows of W pieces (510 for MiniLM)")  # fmt: skip
     p.add_argument("--topic-sources", action="store_true",
                    help="add State of the Union addresses (politics) and Python packages' descriptions (tech)")  # fmt: skip
+    p.add_argument("--max-filler-ratio", type=float, default=CompositeRecipe.max_ratio,
+                   help="with --readout attention: the most filler a training composite adds, in multiples of its text")  # fmt: skip
     args = p.parse_args(argv)
     return build(args.student, args.out, args.max_length, args.threads, limit=args.limit, readout=args.readout,
-                 cache=args.cache, window=args.window, topics=args.topic_sources)  # fmt: skip
+                 cache=args.cache, window=args.window, topics=args.topic_sources,
+                 filler_ratio=args.max_filler_ratio)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -322,6 +322,7 @@ def robust_readout(
     max_length: int,
     cache: Path | None,
     seed: int,
+    recipe: CompositeRecipe = CompositeRecipe(),
 ) -> FittedPool:
     """Fit the pool and head (from the classifier's mean-pool head) and set them on the classifier. notes gain
     "holdout_with_filler": (logits, labels) of the holdout with its fixed filler draw, for the temperature."""
@@ -331,7 +332,7 @@ def robust_readout(
         fill[name] = cached(cache, name, texts, lambda t=texts, n=name: token_states(encoder, tok, t, max_length, n))
     init = (classifier.head.weight.detach().clone(), classifier.head.bias.detach().clone())
     fitted = fit_pool((tokens["fit"], labels[0]), (tokens["val"], labels[1]),
-                      (fill["fillers-fit"], fill["fillers-val"]), init, seed=seed)  # fmt: skip
+                      (fill["fillers-fit"], fill["fillers-val"]), init, recipe, seed=seed)  # fmt: skip
     with torch.no_grad():
         classifier.pool.score.weight.copy_(fitted.pool_weight)
         classifier.pool.score.bias.copy_(fitted.pool_bias)
