@@ -114,6 +114,9 @@ def test_auroc_and_wilson_against_hand_examples():
     probs = np.array([[0.9, 0.1]] * 10)
     e = stats.ece(probs, np.array([0] * 8 + [1] * 2), resamples=50)
     assert e["value"] == pytest.approx(0.1) and e["lo"] <= 0.1 <= e["hi"]
+    # exactly calibrated (ECE 0); nearly every resample is off by a little, so its percentiles lie above 0
+    calibrated = stats.ece(np.array([[0.8, 0.2]] * 20000), np.array([0] * 16000 + [1] * 4000), resamples=100)
+    assert calibrated["value"] == pytest.approx(0.0, abs=1e-12) and calibrated["lo"] <= calibrated["value"]
 
 
 def _figures(node, path=""):
