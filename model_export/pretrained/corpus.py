@@ -31,14 +31,15 @@ def held_out(key: str) -> bool:
     return hashlib.sha256(key.encode("utf-8")).digest()[0] < HELD_OUT_THRESHOLD
 
 
-def _stdlib_dir(env: str, sub: str) -> Path | None:
+def stdlib_data_dir(env: str, sub: str) -> Path | None:
+    """An npm @stdlib dataset's data folder: $env when set, else data_cache/<sub>/package/data; None if absent."""
     root = Path(os.environ[env]) if os.environ.get(env) else _DATA_CACHE / sub / "package" / "data"
     return root if root.is_dir() else None
 
 
 def sotu(split: str) -> list[str]:
     """State of the Union addresses (233, 1790-2019), "train" or "heldout" by sha256 of the file stem."""
-    root = _stdlib_dir("LARA_SOTU_DIR", "sotu")
+    root = stdlib_data_dir("LARA_SOTU_DIR", "sotu")
     if root is None:
         raise DataUnavailable("SOTU addresses not found under data_cache/sotu: run `make setup` (or set LARA_SOTU_DIR)")
     paths = sorted(root.glob("*.json"))
@@ -47,7 +48,7 @@ def sotu(split: str) -> list[str]:
 
 def spam_bodies(split: str) -> list[str]:
     """SpamAssassin e-mail bodies (headers dropped: they are not prose), "train" or "heldout" by sha256(id)."""
-    root = _stdlib_dir("LARA_SPAM_DIR", "spam")
+    root = stdlib_data_dir("LARA_SPAM_DIR", "spam")
     if root is None:
         raise DataUnavailable("SpamAssassin not found under data_cache/spam: run `make user-data`")
     out = []

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lara_serve.model_export.models.registry import NEWS_LABELS
-from lara_serve.model_export.pretrained.corpus import _stdlib_dir
+from lara_serve.model_export.pretrained.corpus import stdlib_data_dir
 from lara_serve.model_export.training.data import DataUnavailable
 
 LATEST_KEPT_OUT = 16  # the newest addresses are new text for the probes: never trained on
@@ -42,7 +42,7 @@ class TopicItem:
 
 def sotu_addresses(root: Path | None = None) -> list[tuple[str, str]]:
     """(file stem, text) of every address except the latest LATEST_KEPT_OUT, oldest first."""
-    root = root or _stdlib_dir("LARA_SOTU_DIR", "sotu")
+    root = root or stdlib_data_dir("LARA_SOTU_DIR", "sotu")
     if root is None:
         raise DataUnavailable("SOTU addresses not found under data_cache/sotu: run `make setup` (or set LARA_SOTU_DIR)")
     rows = [(json.loads(p.read_text()), p.stem) for p in root.glob("*.json")]
