@@ -76,8 +76,10 @@ class OnnxText(OnnxModel):
         return int(self.config["preprocessing"]["max_length"])
 
     def __call__(self, raws: Sequence[bytes], batch_size: int = 16) -> Outputs:
-        if isinstance(self.config.get("export", {}).get("quantization"), dict):
-            batch_size = 1  # activations quantized per call: each row alone, as the server runs it (rows_alone)
+        from lara_serve.server.repository import read_config
+
+        if read_config(REPOSITORY / self.name).rows_alone:
+            batch_size = 1  # activations quantized per call: each row alone, as the server runs it
         if self.config["preprocessing"]["kind"] == "wordpiece":
             seqs = self._word_pieces(raws)
         else:  # bytes + 1, head-truncated; an empty document has no tokens: one space
