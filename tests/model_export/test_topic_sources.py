@@ -53,6 +53,28 @@ def test_python_descriptions_are_tech_keyed_by_distribution(tmp_path: Path) -> N
     assert items[0].text.startswith("A library for parsing.")
 
 
+def test_description_prose_drops_code_markup_and_link_targets() -> None:
+    body = (
+        '# Tool\n\n<a href="https://ci"><img src="badge.svg" alt="CI"></a>\n\n'
+        "Tool parses [timetables](https://example.org/t) for railways. ![logo](logo.png)\n\n"
+        "```python\nimport tool\ntool.parse('x')\n```\n\n"
+        "Use it like this::\n\n    >>> tool.parse(path)\n    Table(rows=3)\n\n"
+        "$ pip install tool\n\n\n\nIt is fast.\n"
+    )
+    prose = ts.description_prose(body)
+    assert prose == "# Tool\n\nTool parses timetables for railways.\n\nUse it like this::\n\nIt is fast."
+    for code in ("import", "parse(", "pip", "href", "https", "badge", "logo"):
+        assert code not in prose
+
+
+def test_python_descriptions_are_trained_without_their_code(tmp_path: Path) -> None:
+    body = "A library for parsing timetables. " * 8 + "\n\n```\n" + "x = parse()\n" * 300 + "```\n"
+    (tmp_path / "pkg-1.0.dist-info").mkdir()
+    (tmp_path / "pkg-1.0.dist-info" / "METADATA").write_text(f"Name: pkg\n\n{body}")
+    (text,) = (i.text for i in ts.python_description_items(tmp_path))
+    assert text == ("A library for parsing timetables. " * 8).strip()
+
+
 def test_a_missing_source_is_skipped_with_a_warning(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("LARA_SOTU_DIR", str(tmp_path / "nowhere"))
     with warnings.catch_warnings(record=True) as caught:
