@@ -2,10 +2,9 @@
 
 The byte encoder of `lara train` is trained; a converted pretrained encoder (`lara-news-minilm`: all-MiniLM-L6-v2
 read through LARA in every layer, lara_serve.model_export.pretrained) already reads English, so it stays frozen.
-Every training, holdout and test document is read once (its first max_length word pieces: the served model
-reads a longer one the same way, config.json preprocessing.truncate = "head"), in windows of the teacher's
-positions (510 pieces, each its own [CLS] ... [SEP], config.json model.window, as `lara-news-minilm` reads), to
-the unit-length mean of every window's vectors. A logistic-regression head is fitted on the training embeddings, its C chosen by holdout log-loss
+Every training, holdout and test document is read once, whole (its first max_length word pieces: the served
+model reads a longer one the same way, config.json preprocessing.truncate = "head"), to its unit-length mean
+embedding. A logistic-regression head is fitted on the training embeddings, its C chosen by holdout log-loss
 (pretrained.classifier.fit_head, as `lara-news-minilm` was built); the temperature and the ood score are those of
 every `lara train` run (artifact.finish -> head.finalize), the ood fit on the bounded sample of budget.ood_sample.
 The folder is a word-piece model as `lara-news-minilm` is: preprocessing kind "wordpiece", the --init model's
@@ -152,11 +151,9 @@ def prepare(args: argparse.Namespace, d: Any) -> Frozen:
     if not (init / TOKENIZER_FILE).is_file():
         raise UsageError(f"--init {args.init}: a word-piece model needs its {TOKENIZER_FILE} in {init}")
     base = load_pretrained(init)
-    # read in windows of the teacher's positions to the mean, as `embed` reads for the head: the conversion was
-    # trained on windows of 256-512 pieces, and read so a long document agrees with the teacher far better than
-    # read whole (research/minilm_window_fidelity.py). The --init model's pool is its own head's readout (fitted
-    # on news with filler), not this one's.
-    cfg = dataclasses.replace(base.cfg, num_classes=len(d.names), readout="mean", window=base.cfg.max_positions - 2,
+    # read whole to the mean, as `embed` reads for the head: the --init model's windows and pool are its own
+    # head's readout (fitted on news with filler), not this one's
+    cfg = dataclasses.replace(base.cfg, num_classes=len(d.names), readout="mean", window=0,
                               max_length=args.max_length or base.cfg.max_length)  # fmt: skip
     model = LaraBertClassifier(cfg, seed=int(load_config(init).get("seed", 0)))
     model.encoder.load_state_dict(base.encoder.state_dict(), strict=True)  # the head stays fresh (fitted later)
@@ -171,9 +168,9 @@ def prepare(args: argparse.Namespace, d: Any) -> Frozen:
     median = statistics.median(len(r) for r in train)
     hp = {
         "arch": init.name,
-        "recipe": f"frozen word-piece encoder ({init.name}), each document read up to {cfg.max_length:,} pieces "
-        f"in windows of {cfg.window} to its unit mean embedding, a logistic-regression head "
-        "(lara_serve.model_export.your_data.pretrained_init)",
+        "recipe": f"frozen word-piece encoder ({init.name}), each document read whole up to {cfg.max_length:,} "
+        "pieces to its unit mean embedding, a logistic-regression head (lara_serve.model_export.your_data."
+        "pretrained_init)",
         "recipe_choice": {"recipe": f"frozen {init.name} encoder + logistic-regression head", "median_bytes": median,
                           "rule": "--init names a word-piece model: its encoder is read, not trained; a wide path on "
                           "word-piece grams is blended with it, and the holdout's best of the two and their blend "
@@ -204,23 +201,18 @@ def tokenize(prep: Frozen) -> dict[str, int]:
 
 @torch.inference_mode()
 def embed(prep: Frozen, seqs: Sequence[Sequence[int]], bar: Any = None) -> Tensor:
-    """Unit mean embeddings [N, D] of piece sequences read in windows, as the served graph reads them
-    (forward_pooled), batched by length as pretrained.classifier.embed is (a document's embedding does not depend
-    on its batch: tested), in input order. A batch that fits one window is read as it is: the same vectors
-    (tested) without padding each text to a whole window."""
+    """Unit mean embeddings [N, D] of piece sequences, batched by length as pretrained.classifier.embed is (a
+    document's embedding does not depend on its batch: tested), in input order."""
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
-    model, i = prep.model, 0
-    out = torch.zeros(len(seqs), prep.cfg.dim, dtype=model.head.weight.dtype)
+    out = torch.zeros(len(seqs), prep.cfg.dim)
+    i = 0
     while i < len(order):
         j = i + 1  # ascending lengths: the batch grows while its longest (last) text times its size fits
         while j < len(order) and (j - i + 1) * len(seqs[order[j]]) <= BATCH_PIECES:
             j += 1
         idx = order[i:j]
         ids, mask = pad_pieces([seqs[k] for k in idx], prep.tok.pad_id)
-        if ids.shape[1] <= model.cfg.window + 2:  # [CLS] + at most one window + [SEP]: that window itself
-            out[idx] = mean_pool(model.encoder(ids, mask), mask)
-        else:
-            out[idx] = model.forward_pooled(model.forward_features(ids, mask), mask)  # [b, D]
+        out[idx] = mean_pool(prep.model.encoder(ids, mask), mask)  # [b, D]
         if bar is not None:
             bar.update(len(idx))
         i = j

@@ -38,7 +38,7 @@ TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS, *LETTERS, *(f"##
 TINY = BertTextConfig(
     vocab_size=len(TOKENS), dim=32, depth=2, heads=4, mlp_dim=64, max_positions=16, max_length=128, num_classes=2,
     attention=AttentionConfig(kind="lara", num_landmarks=8, landmark_module="none"),
-    readout="attention", window=6, cls_id=2, sep_id=3,  # windows and a pool, as the shipped one: not inherited
+    readout="attention", window=14, cls_id=2, sep_id=3,  # as the shipped one: windows and a pool, not inherited
 )  # fmt: skip
 MAX_PIECES = 64  # --max-length of the run (the least the export takes): texts of 8-80 words, some cut
 RUN = [
@@ -91,8 +91,6 @@ def test_the_folder_is_a_word_piece_model_with_the_frozen_encoder(work: Path) ->
     out = work / "repo" / "news"
     conf = json.loads((out / "config.json").read_text())
     assert conf["model"]["arch"] == "bert_lara" and conf["model"]["readout"] == "mean"
-    # read in windows of the teacher's positions less [CLS] and [SEP] (the conversion's), not the --init's pool
-    assert conf["model"]["window"] == TINY.max_positions - 2 != TINY.window
     assert conf["model"]["num_classes"] == 3 and conf["labels"] == ["money", "sport", "tech"]
     assert conf["preprocessing"] == {"kind": "wordpiece", "max_length": MAX_PIECES, "pad_id": 0,
                                      "tokenizer": "tokenizer.json", "truncate": "head"}  # fmt: skip
@@ -190,8 +188,7 @@ def test_the_shipped_name_resolves_to_its_frozen_encoder(tmp_path: Path) -> None
     prep = prepare(_args([*argv, "--init", "lara-news-minilm"]))
     assert isinstance(prep, pretrained_init.Frozen) and prep.init == SHIPPED / "lara-news-minilm"
     shipped = load_pretrained(SHIPPED / "lara-news-minilm")
-    # the teacher's 512 positions less [CLS] and [SEP]: the windows the conversion was trained on
-    assert prep.cfg == dataclasses.replace(shipped.cfg, num_classes=3, readout="mean", window=510)
+    assert prep.cfg == dataclasses.replace(shipped.cfg, num_classes=3, readout="mean", window=0)
     assert all(torch.equal(a, b) for a, b in zip(prep.model.encoder.state_dict().values(),
                                                    shipped.encoder.state_dict().values(), strict=True))  # fmt: skip
     assert not any(p.requires_grad for p in prep.model.parameters()) and not (tmp_path / "m").exists()
@@ -283,26 +280,3 @@ def test_a_budget_too_small_to_read_whole_reads_each_documents_head(tmp_path: Pa
     for more, minutes in (([], head - 0.1), (["--max-length", "128"], head)):
         with pytest.raises(pretrained_init.BudgetTooSmall):
             planned(more, minutes)
-
-
-def test_embeddings_are_the_windowed_graphs_whatever_the_batch(tmp_path: Path) -> None:
-    """embed() reads a batch that fits one window without the window layout (no padding to a whole window) and a
-    longer one through it; either way each document gets what the served graph computes for it alone."""
-    write_texts(tmp_path / "d.jsonl")
-    tiny = tiny_word_piece_dir(tmp_path / "tiny-wp")
-    prep = prepare(_args([str(tmp_path / "d.jsonl"), "--out", str(tmp_path / "m"), "--init", str(tiny)]))
-    model, window = prep.model.double(), prep.cfg.window
-    assert window == TINY.max_positions - 2
-    g = torch.Generator().manual_seed(0)
-    body = lambda n: torch.randint(5, TINY.vocab_size, (n,), generator=g).tolist()  # noqa: E731
-    seqs = [[TINY.cls_id, *body(n), TINY.sep_id] for n in (1, 3, window - 1, window, window + 1, 3 * window + 2)]
-    with torch.inference_mode():
-        alone = []
-        for s in seqs:  # the served graph on one row: windows, the mean over their vectors
-            ids = torch.tensor([s])
-            alone.append(
-                model.forward_pooled(model.forward_features(ids, torch.ones_like(ids)), torch.ones_like(ids))[0]
-            )
-    for batch in (range(4), range(len(seqs)), range(3, len(seqs))):  # one window; every length; windows only
-        got = pretrained_init.embed(prep, [seqs[k] for k in batch])
-        torch.testing.assert_close(got, torch.stack([alone[k] for k in batch]), rtol=0, atol=1e-10)
