@@ -234,8 +234,8 @@ def window_layout(
     input_ids: Tensor, attention_mask: Tensor, window: int, cls_id: int, sep_id: int, pad_id: int = 0
 ) -> tuple[Tensor, Tensor, Tensor]:
     """[CLS] + pieces + [SEP] rows ([B, N], right-padded, as the server sends them) -> the same pieces in
-    windows of `window`, each its own [CLS] + pieces + [SEP]: (ids [B*J, W+2], attention mask [B*J, W+2],
-    read mask [B, J*(W+2)]), J = ceil(N / W). The read mask is what a readout pools: every real window's
+    windows of W = min(window, N), each its own [CLS] + pieces + [SEP]: (ids [B*J, W+2], attention mask
+    [B*J, W+2], read mask [B, J*(W+2)]), J = ceil(N / W). The read mask is what a readout pools: every real window's
     slots, and the first window's always (an empty document reads [CLS] [SEP], as whole).
 
     A window past a shorter row's end (batch padding) is read as [CLS] [SEP] (an all-masked row has no
@@ -247,6 +247,9 @@ def window_layout(
     stream = torch.cat([input_ids[:, 1:], torch.full_like(input_ids[:, :1], pad_id)], 1)  # [B, N]
     pos = torch.arange(n, device=input_ids.device)[None]
     real = torch.cat([valid[:, 1:], torch.zeros_like(valid[:, :1])], 1) & (pos < count - 2)  # [B, N]
+    # a batch no longer than one window is that window: padding a headline to 510 pieces would cost what 510
+    # pieces cost (sym_min keeps the export's sequence axis symbolic)
+    window = torch.sym_min(window, n)
     pad = (window - n % window) % window
     stream = nn.functional.pad(torch.where(real, stream, pad_id), (0, pad), value=pad_id).reshape(-1, window)
     real = nn.functional.pad(real, (0, pad), value=False).reshape(-1, window)  # [B*J, W]

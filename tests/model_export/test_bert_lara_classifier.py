@@ -91,6 +91,11 @@ def test_window_layout_by_hand() -> None:
     # no pieces at all: the first window's [CLS] [SEP] is read, as a whole read would
     _, _, empty = window_layout(torch.tensor([[2, 3]]), torch.ones(1, 2, dtype=torch.long), 2, 2, 3)
     assert empty.tolist() == [[1, 1, 0, 0]]
+    # a batch no longer than a window is one window of its own length, not padded to the window's
+    short = torch.tensor([[2, 11, 12, 3], [2, 21, 3, 0]])
+    w_ids, w_mask, read = window_layout(short, (short > 0).long(), 8, cls_id=2, sep_id=3)
+    assert w_ids.tolist() == [[2, 11, 12, 3, 0, 0], [2, 21, 3, 0, 0, 0]]
+    assert w_mask.tolist() == read.tolist() == [[1, 1, 1, 1, 0, 0], [1, 1, 1, 0, 0, 0]]
 
 
 @torch.no_grad()
@@ -99,16 +104,17 @@ def test_windowed_reading_equals_each_window_read_alone_in_float64() -> None:
     one attention pool over all their vectors."""
     model = tiny_model(cfg=TINY_WIN).double()
     g = torch.Generator().manual_seed(3)
-    body = torch.randint(4, 300, (40,), generator=g)
-    ids = torch.cat([torch.tensor([2]), body, torch.tensor([3])])[None]
-    got = model(ids, torch.ones_like(ids))
-    rows = []
-    for i in range(0, len(body), 14):
-        win = torch.cat([torch.tensor([2]), body[i : i + 14], torch.tensor([3])])[None]
-        rows.append(model.encoder(win, torch.ones_like(win))[0])
-    flat = torch.cat(rows)[None]
-    want = model.head(model.pool(flat, torch.ones(flat.shape[:2], dtype=torch.long)))
-    torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
+    for length in (40, 14, 12, 1):  # windows of 14; exactly one; shorter than one (its own length); one piece
+        body = torch.randint(4, 300, (length,), generator=g)
+        ids = torch.cat([torch.tensor([2]), body, torch.tensor([3])])[None]
+        got = model(ids, torch.ones_like(ids))
+        rows = []
+        for i in range(0, len(body), 14):
+            win = torch.cat([torch.tensor([2]), body[i : i + 14], torch.tensor([3])])[None]
+            rows.append(model.encoder(win, torch.ones_like(win))[0])
+        flat = torch.cat(rows)[None]
+        want = model.head(model.pool(flat, torch.ones(flat.shape[:2], dtype=torch.long)))
+        torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
 
 
 def test_half_rounding_and_storage_keep_every_value(tmp_path: Path) -> None:
