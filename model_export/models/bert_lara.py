@@ -41,6 +41,7 @@ class StudentConfig:
     # its Linear started at identity (the LayerNorm still rescales: zero-shot is not the plain swap).
     landmark_module: Literal["none", "residual", "light"] = "residual"
     alpha_coeff: float = 1.0  # lambda of the mis-opt weighting (spec 5.3)
+    min_chunk: int = 1  # tokens per landmark at least (kernels.chunk_assignment; AttentionConfig.min_chunk)
     eval_noise: Literal["mean", "fixed"] = "mean"  # spec 7: w = mu, or a fixed seeded buffer
     # "eval": training runs the estimator that is served (the transfer fits that function, not a noisy one);
     # "fresh": new noise every step from a per-layer generator, as LARA trains from scratch (spec 5.3).
@@ -61,8 +62,8 @@ class StudentConfig:
             raise ValueError(f"positions must be one of {POSITION_SCHEMES}, got {self.positions!r}")
         if self.eval_noise not in ("mean", "fixed") or self.train_noise not in ("eval", "fresh"):
             raise ValueError(f"eval_noise in (mean, fixed), train_noise in (eval, fresh); got {self}")
-        if self.num_landmarks < 1 or self.lora_rank < 0:
-            raise ValueError("num_landmarks must be >= 1 and lora_rank >= 0")
+        if self.num_landmarks < 1 or self.lora_rank < 0 or self.min_chunk < 1:
+            raise ValueError("num_landmarks and min_chunk must be >= 1 and lora_rank >= 0")
         if not set(self.lora_targets) <= {"query", "key", "value", "out"}:
             raise ValueError(f"lora_targets must name query/key/value/out, got {self.lora_targets}")
 
@@ -131,8 +132,9 @@ class LaraMixer(nn.Module):
     def forward(self, q: Tensor, k: Tensor, v: Tensor, pad: Tensor) -> Tensor:
         c = self.cfg.num_landmarks
         # chunk means over valid pieces only: padding never enters a landmark nor moves a chunk boundary
-        ql = self.q_landmarks(kernels.chunk_means_1d(q, c, pad))  # [B, H, C, d]
-        kl = self.k_landmarks(kernels.chunk_means_1d(k, c, pad))  # [B, H, C, d]
+        m = self.cfg.min_chunk
+        ql = self.q_landmarks(kernels.chunk_means_1d(q, c, pad, m))  # [B, H, C, d]
+        kl = self.k_landmarks(kernels.chunk_means_1d(k, c, pad, m))  # [B, H, C, d]
         return kernels.lara_attention(
             q, k, v, ql, kl, key_padding_mask=pad, alpha_coeff=self.cfg.alpha_coeff, noise=self._noise(q)
         )  # [B, H, N, d]
@@ -204,7 +206,8 @@ def bert_shape(cfg: BertTextConfig) -> BertConfig:
 def student_config(cfg: BertTextConfig, seed: int = 0) -> StudentConfig:
     """The conversion a served config describes: adapters already folded in, periodic positions."""
     att = cfg.attention
-    lara = {"num_landmarks": att.num_landmarks, "alpha_coeff": att.alpha_coeff, "eval_noise": att.eval_noise}
+    lara = {"num_landmarks": att.num_landmarks, "alpha_coeff": att.alpha_coeff, "eval_noise": att.eval_noise,
+            "min_chunk": att.min_chunk}  # fmt: skip
     return StudentConfig(**lara, landmark_module=cfg.landmark_module, positions="periodic", lora_rank=0, seed=seed)
 
 

@@ -34,10 +34,16 @@ class AttentionConfig:
     performer_features: int = 64
     eval_noise: Literal["mean", "fixed"] = "mean"  # spec 7: deterministic eval modes
     qkv_bias: bool = True
+    # 1-D chunk-mean landmarks hold at least this many tokens (kernels.chunk_assignment): a converted encoder
+    # learned landmarks of several tokens, and reads a short text unlike its teacher with single-token ones.
+    # Word-piece models only (bert_lara); 1 is the spec's rule.
+    min_chunk: int = 1
 
     def __post_init__(self) -> None:
         if self.kind not in ATTENTION_KINDS:
             raise ValueError(f"attention kind must be one of {ATTENTION_KINDS}, got {self.kind!r}")
+        if self.min_chunk < 1:
+            raise ValueError(f"min_chunk must be >= 1, got {self.min_chunk}")
         _one_of("landmark_module", self.landmark_module, ("light", "none"))
         _one_of("eval_noise", self.eval_noise, ("mean", "fixed"))
 

@@ -83,16 +83,25 @@ def round_to_half(model: nn.Module, min_elements: int = HALF_MIN_ELEMENTS) -> in
     return n
 
 
+# Tokens per landmark at least (kernels.chunk_assignment): the student was converted on 256-512-piece windows, where
+# each of its 64 landmarks is the mean of 4-8 tokens; read with single-token landmarks, a 16-64-piece text
+# agrees with the teacher at mean cosine 0.60-0.65, with chunks of 4 at least 0.85-0.91 (2: 0.80-0.88, 8:
+# 0.83-0.87 and 256 pieces worse), on the held-out fidelity texts (research/minilm_short_landmarks.py).
+MIN_CHUNK = 4
+
+
 def served_config(
-    student_cfg: StudentConfig, encoder: BertEncoder, max_length: int, readout: str = "mean", window: int = 0
-) -> BertTextConfig:
+    student_cfg: StudentConfig, encoder: BertEncoder, max_length: int, readout: str = "mean", window: int = 0,
+    min_chunk: int = 1,
+) -> BertTextConfig:  # fmt: skip
     b = encoder.cfg
     return BertTextConfig(
         vocab_size=b.vocab_size, dim=b.dim, depth=b.depth, heads=b.heads, mlp_dim=b.mlp_dim,
         max_positions=b.max_positions, type_vocab_size=b.type_vocab_size, norm_eps=b.norm_eps,
         max_length=max_length, landmark_module=student_cfg.landmark_module, num_classes=len(NEWS_LABELS),
         readout=readout, window=window, min_pieces=2, attention=AttentionConfig(kind="lara", num_landmarks=student_cfg.num_landmarks, landmark_module="none",
-                                  alpha_coeff=student_cfg.alpha_coeff, eval_noise=student_cfg.eval_noise),
+                                  alpha_coeff=student_cfg.alpha_coeff, eval_noise=student_cfg.eval_noise,
+                                  min_chunk=min_chunk),
     )  # fmt: skip
 
 
@@ -153,19 +162,22 @@ def accuracy_by_form(logits: Tensor, y: Tensor, forms: Sequence[str]) -> dict[st
 def build(
     student_dir: Path, out: Path, max_length: int, threads: int, seed: int = 0, limit: int = 0,
     readout: str = "mean", cache: Path | None = None, window: int = 0, topics: bool = False,
-    filler_ratio: float = CompositeRecipe.max_ratio,
+    filler_ratio: float = CompositeRecipe.max_ratio, min_chunk: int = MIN_CHUNK,
 ) -> dict[str, Any]:  # fmt: skip
     """The whole build (module docstring); limit > 0 keeps that many documents of each split (smoke runs);
     readout "attention" trains `robust_head`'s pool; cache: a folder keeping token vectors between builds
     (one per student and window); window > 0: documents read in windows of that many pieces; topics: the fit
     and holdout gain other sources of two topics (`topic_sources`); filler_ratio: the most filler the pool's
-    training composites add, in multiples of the text's own pieces."""
+    training composites add, in multiples of the text's own pieces; min_chunk: tokens per landmark at least
+    (AttentionConfig.min_chunk)."""
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
     teacher, tok = load_teacher()
     student = merge_adapters(load_student(student_dir, teacher))
     scfg = StudentConfig.from_dict(json.loads((student_dir / "student.json").read_text()))
-    cfg = served_config(scfg, student, max_length, readout, window)
+    cfg = served_config(scfg, student, max_length, readout, window, min_chunk)
+    if cache is not None and min_chunk != 1:  # other landmarks, other token vectors: their own cache
+        cache = cache / f"min_chunk{min_chunk}"
     classifier = LaraBertClassifier(cfg, seed=scfg.seed)
     classifier.encoder.load_state_dict(student.state_dict(), strict=True)
     rounded = round_to_half(classifier.encoder)
@@ -292,12 +304,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="0: each document read whole in one pass; W: read in windows of W pieces (510 for MiniLM)")  # fmt: skip
     p.add_argument("--topic-sources", action="store_true",
                    help="add State of the Union addresses (politics) and Python packages' descriptions (tech)")  # fmt: skip
+    p.add_argument("--min-chunk", type=int, default=MIN_CHUNK,
+                   help="tokens per landmark at least: 1 is the spec's rule (single-token landmarks below C pieces)")  # fmt: skip
     p.add_argument("--max-filler-ratio", type=float, default=CompositeRecipe.max_ratio,
                    help="with --readout attention: the most filler a training composite adds, in multiples of its text")  # fmt: skip
     args = p.parse_args(argv)
     return build(args.student, args.out, args.max_length, args.threads, limit=args.limit, readout=args.readout,
                  cache=args.cache, window=args.window, topics=args.topic_sources,
-                 filler_ratio=args.max_filler_ratio)  # fmt: skip
+                 filler_ratio=args.max_filler_ratio, min_chunk=args.min_chunk)  # fmt: skip
 
 
 if __name__ == "__main__":

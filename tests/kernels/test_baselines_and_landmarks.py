@@ -91,6 +91,32 @@ def test_short_sequences_use_each_token_as_a_landmark():
     assert (empty == 0).all()
 
 
+def test_min_chunk_landmarks_hold_at_least_that_many_tokens():
+    """min_chunk M: a sequence of n < C * M valid tokens has k = max(1, n // M) chunks, landmark c the mean of
+    chunk floor(c k / C); padding still never enters; n >= C * M and M = 1 are the plain rule."""
+    x = torch.arange(10, dtype=torch.float64).reshape(1, 1, 10, 1).expand(3, 1, 10, 1).contiguous()
+    mask = tail_padding([10, 3, 9], 10)
+    lm = kernels.chunk_means_1d(x, 4, mask, min_chunk=4)[:, 0, :, 0]  # [B, C]
+    # 10 tokens -> 2 chunks [0,5) [5,10), each landmark twice; 3 tokens -> one chunk [0,3); 9 -> [0,4) [4,9)
+    torch.testing.assert_close(lm[0], torch.tensor([2.0, 2.0, 7.0, 7.0], dtype=torch.float64))
+    torch.testing.assert_close(lm[1], torch.tensor([1.0] * 4, dtype=torch.float64))
+    torch.testing.assert_close(lm[2], torch.tensor([1.5, 1.5, 6.0, 6.0], dtype=torch.float64))
+    x2 = x.clone()
+    x2[1, :, 3:] = 1e6
+    torch.testing.assert_close(kernels.chunk_means_1d(x2, 4, mask, min_chunk=4), kernels.chunk_means_1d(x, 4, mask, 4))
+    valid = torch.arange(300)[None, :] < torch.tensor([[1], [7], [63], [64], [255], [256], [300]])
+    for m in (2, 4):  # long enough for C chunks of m tokens: the plain rule
+        long = valid[valid.sum(-1) >= 64 * m]
+        assert len(long) >= 2
+        torch.testing.assert_close(chunk_assignment(long, 64, m), chunk_assignment(long, 64))
+    # M = 1 is the plain rule at every length (a chunk of the plain rule holds floor((c+1) n / C) - floor(c n / C))
+    plain = chunk_assignment(valid, 64)
+    torch.testing.assert_close(chunk_assignment(valid, 64, 1), plain)
+    assert torch.equal(((chunk_assignment(valid, 64, 4) > 0).sum(-1) >= 4)[1:], torch.ones(6, 64, dtype=torch.bool))
+    with pytest.raises(ValueError, match="min_chunk"):
+        chunk_assignment(valid, 64, 0)
+
+
 def test_pool_2d_shapes_and_errors():
     x = torch.randn(2, 3, 14 * 14, 8)
     lm = kernels.pool_2d(x, (14, 14), 49)

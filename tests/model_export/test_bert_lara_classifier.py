@@ -29,8 +29,10 @@ TINY = BertTextConfig(
 TINY_POOL = dataclasses.replace(TINY, readout="attention")
 TINY_WIN = dataclasses.replace(TINY_POOL, window=14, cls_id=2, sep_id=3)  # windows of [CLS] + 14 + [SEP]
 TINY_WIDE = dataclasses.replace(TINY_WIN, tfidf_buckets=64)  # with a word-piece wide path (lara train --init)
+# landmarks of 4 tokens at least (lara-news-minilm's rule since 2026-12-05): every text here is under 8 x 4 pieces
+TINY_MC = dataclasses.replace(TINY_WIN, attention=dataclasses.replace(TINY.attention, min_chunk=4))
 CONFIGS = pytest.mark.parametrize(
-    "cfg", [TINY, TINY_POOL, TINY_WIN, TINY_WIDE], ids=["mean", "attention", "windows", "wide"]
+    "cfg", [TINY, TINY_POOL, TINY_WIN, TINY_WIDE, TINY_MC], ids=["mean", "attention", "windows", "wide", "min_chunk"]
 )
 ARTICLE = "Shares rose on Monday\n\nThe market closed higher. Traders said demand was strong.\n\nMore later."
 
@@ -76,6 +78,25 @@ def test_padding_and_batch_invariance(cfg: BertTextConfig) -> None:
     together = model(ids, mask)
     for i, a in enumerate(alone):
         torch.testing.assert_close(together[i], a[0], atol=2e-5, rtol=0)  # float32 sums in another order
+
+
+@torch.no_grad()
+def test_min_chunk_is_kept_by_the_folder_and_changes_short_texts_only(tmp_path: Path) -> None:
+    model = tiny_model(cfg=TINY_MC)
+    save_half(model, make_config_dict("tiny-mc", TINY_MC, ["a", "b", "c"]), tmp_path / "tiny-mc")
+    back = load_pretrained(tmp_path / "tiny-mc")
+    assert back.cfg.attention.min_chunk == 4 and back.encoder.layers[0].attn.mixer.cfg.min_chunk == 4
+    plain = tiny_model(cfg=TINY_WIN)
+    plain.load_state_dict(model.state_dict())  # the same weights, single-token landmarks
+    g = torch.Generator().manual_seed(5)
+    short = torch.cat([torch.tensor([2]), torch.randint(4, 300, (10,), generator=g), torch.tensor([3])])[None]
+    assert not torch.allclose(model(short, torch.ones_like(short)), plain(short, torch.ones_like(short)))
+    # 8 landmarks x 4 tokens: a window of 32+ pieces is read alike (windows of 40 here, no window)
+    cfg = dataclasses.replace(TINY_MC, window=0)
+    wide, wide_plain = tiny_model(cfg=cfg), tiny_model(cfg=dataclasses.replace(TINY, readout="attention"))
+    wide_plain.load_state_dict(wide.state_dict())
+    long = torch.cat([torch.tensor([2]), torch.randint(4, 300, (38,), generator=g), torch.tensor([3])])[None]
+    torch.testing.assert_close(wide(long, torch.ones_like(long)), wide_plain(long, torch.ones_like(long)))
 
 
 def test_window_layout_by_hand() -> None:
