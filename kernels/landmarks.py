@@ -26,13 +26,19 @@ def chunk_assignment(valid: Tensor, num_landmarks: int, min_chunk: int = 1) -> T
     """
     if min_chunk < 1:
         raise ValueError(f"min_chunk must be >= 1, got {min_chunk}")
+    b, n = valid.shape
     c = num_landmarks
     n_valid = valid.sum(-1, keepdim=True)  # [B, 1]
-    k = torch.clamp(n_valid // min_chunk, min=1, max=c)  # [B, 1]: distinct chunks (n_valid when M = 1 and n < C)
     rank = valid.long().cumsum(-1) - 1  # [B, N], rank among valid tokens
-    chunk = (torch.arange(c, device=valid.device)[None, :] * k) // c  # [B, C]: each landmark's chunk
-    start = (chunk * n_valid) // k  # [B, C]
-    end = torch.maximum(((chunk + 1) * n_valid) // k, start + 1)  # [B, C]
+    idx = torch.arange(c, device=valid.device)
+    if min_chunk == 1:  # the spec's rule, as every model before min_chunk was exported (the same graph, op for op)
+        start = (idx[None, :] * n_valid) // c  # [B, C]
+        end = torch.maximum(((idx[None, :] + 1) * n_valid) // c, start + 1)  # [B, C]
+    else:
+        k = torch.clamp(n_valid // min_chunk, min=1, max=c)  # [B, 1]: distinct chunks
+        chunk = (idx[None, :] * k) // c  # [B, C]: each landmark's chunk
+        start = (chunk * n_valid) // k  # [B, C]
+        end = torch.maximum(((chunk + 1) * n_valid) // k, start + 1)  # [B, C]
     r = rank[:, None, :]  # [B, 1, N]
     member = (r >= start[:, :, None]) & (r < end[:, :, None]) & valid[:, None, :]  # [B, C, N]
     weights = member.to(torch.float32)
