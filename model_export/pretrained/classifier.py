@@ -43,7 +43,13 @@ from lara_serve.model_export.head.finalize import holdout_temperature, serving_s
 from lara_serve.model_export.models.bert import BertEncoder, mean_pool
 from lara_serve.model_export.models.bert_lara import LaraBertClassifier
 from lara_serve.model_export.models.config import AttentionConfig, BertTextConfig
-from lara_serve.model_export.models.hub import TOKENIZER_FILE, make_config_dict, save_pretrained
+from lara_serve.model_export.models.hub import (
+    TOKENIZER_FILE,
+    load_config,
+    load_pretrained,
+    make_config_dict,
+    save_pretrained,
+)
 from lara_serve.model_export.models.ood import ServingModel
 from lara_serve.model_export.models.registry import NEWS_LABELS
 from lara_serve.model_export.pretrained.robust_head import (
@@ -55,7 +61,12 @@ from lara_serve.model_export.pretrained.robust_head import (
     robust_readout,
     token_states,
 )
-from lara_serve.model_export.pretrained.student import StudentConfig, load_student, merge_adapters
+from lara_serve.model_export.pretrained.student import (
+    StudentConfig,
+    load_student,
+    merge_adapters,
+    student_from_teacher,
+)
 from lara_serve.model_export.pretrained.teacher import WordPieces, load_teacher, pad_pieces, teacher_dir
 from lara_serve.model_export.pretrained.topic_sources import topic_items
 from lara_serve.model_export.pretrained.wrappers import FORMS, wrapped
@@ -88,6 +99,23 @@ def round_to_half(model: nn.Module, min_elements: int = HALF_MIN_ELEMENTS) -> in
 # agrees with the teacher at mean cosine 0.60-0.65, with chunks of 4 at least 0.85-0.91 (2: 0.80-0.88, 8:
 # 0.83-0.87 and 256 pieces worse), on the held-out fidelity texts (research/minilm_short_landmarks.py).
 MIN_CHUNK = 4
+
+
+def load_encoder(source: Path, teacher: BertEncoder) -> tuple[BertEncoder, StudentConfig, str]:
+    """The converted encoder, adapters folded in, in eval mode; its StudentConfig; the transfer run it came from.
+    source: a transfer run folder (student.json + converted.safetensors), or a model directory this module
+    built (config.json + 1/model.safetensors: the same encoder, folded and rounded to float16, which rounding
+    again leaves as it is), so a head can be rebuilt from what is shipped when the run folder is gone."""
+    if (source / "config.json").is_file():
+        training = load_config(source).get("training", {})
+        if "student" not in training:
+            raise ValueError(f"{source}: config.json records no converted student (training.student)")
+        scfg = StudentConfig.from_dict(training["student"])
+        encoder = merge_adapters(student_from_teacher(teacher, scfg))
+        encoder.load_state_dict(load_pretrained(source).encoder.state_dict(), strict=True)
+        return encoder.eval(), scfg, str(training.get("transfer_run", source))
+    scfg = StudentConfig.from_dict(json.loads((source / "student.json").read_text()))
+    return merge_adapters(load_student(source, teacher)), scfg, str(source)
 
 
 def served_config(
@@ -173,8 +201,7 @@ def build(
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
     teacher, tok = load_teacher()
-    student = merge_adapters(load_student(student_dir, teacher))
-    scfg = StudentConfig.from_dict(json.loads((student_dir / "student.json").read_text()))
+    student, scfg, transfer_run = load_encoder(student_dir, teacher)
     cfg = served_config(scfg, student, max_length, readout, window, min_chunk)
     if cache is not None and min_chunk != 1:  # other landmarks, other token vectors: their own cache
         cache = cache / f"min_chunk{min_chunk}"
@@ -251,7 +278,7 @@ def build(
               f"when sha256(utf-8 text)[0] < 52 ({len(test_docs)} docs); holdout: train docs with sha256[1] < "
               f"{HOLDOUT_BELOW} ({len(val_docs)}); fit: the other {len(fit_docs)}"},
         training={"encoder": "all-MiniLM-L6-v2 (Apache-2.0) converted to LARA by attention transfer",
-                  "transfer_run": str(student_dir), "student": scfg.to_dict(), "head": head_notes,
+                  "transfer_run": transfer_run, "student": scfg.to_dict(), "head": head_notes,
                   "float16_values": rounded, "command": f"python -m lara_serve.model_export.pretrained.classifier "
                   f"--student {student_dir} --out {out} --max-length {max_length} --readout {readout}"
                   + (f" --window {window}" if window else "") + (" --topic-sources" if topics else "")
@@ -287,7 +314,11 @@ def save_half(model: nn.Module, conf: dict[str, Any], out: Path, serving: Servin
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument(
-        "--student", type=Path, required=True, help="a transfer run folder (student.json, converted.safetensors)"
+        "--student",
+        type=Path,
+        required=True,
+        help="a transfer run folder (student.json, converted.safetensors), or a model directory built by this "
+        "module (its encoder is reused: a new head without the run folder)",
     )
     p.add_argument("--out", type=Path, default=Path("model_repository/lara-news-minilm"))
     p.add_argument("--max-length", type=int, default=65536, help="word pieces served, [CLS] and [SEP] included")

@@ -185,3 +185,36 @@ def test_config_refuses_unknown_values() -> None:
         S.StudentConfig.from_dict({"num_landmark": 3})
     cfg = S.StudentConfig(lora_targets=("query",))
     assert S.StudentConfig.from_dict(cfg.to_dict()) == cfg
+
+
+@torch.no_grad()
+def test_a_built_model_dir_gives_back_its_encoder(tiny, tmp_path: Path) -> None:
+    """classifier.load_encoder from a model directory (what is shipped, the run folder gone) rebuilds the same
+    folded, float16-rounded encoder and the student config the build recorded; a folder without one is refused."""
+    from lara_serve.model_export.models.bert_lara import LaraBertClassifier
+    from lara_serve.model_export.models.hub import make_config_dict
+    from lara_serve.model_export.models.registry import NEWS_LABELS
+    from lara_serve.model_export.pretrained.classifier import load_encoder, round_to_half, save_half, served_config
+
+    teacher, tok = tiny
+    scfg = S.StudentConfig(num_landmarks=4, lora_rank=2)
+    student = S.student_from_teacher(teacher, scfg)
+    _perturb(student, 0.05)
+    student = S.merge_adapters(student.eval())
+    classifier = LaraBertClassifier(served_config(scfg, student, 256), seed=0)
+    classifier.encoder.load_state_dict(student.state_dict(), strict=True)
+    round_to_half(classifier.encoder, min_elements=64)  # some weights float16 in the file, as the build does
+    training = {"student": scfg.to_dict(), "transfer_run": "runs/gone"}
+    save_half(
+        classifier, make_config_dict("tiny", classifier.cfg, list(NEWS_LABELS), training=training), tmp_path / "m"
+    )
+    encoder, back_cfg, run = load_encoder(tmp_path / "m", teacher)
+    assert back_cfg == scfg and run == "runs/gone"
+    ids, mask = pad_pieces([tok.encode("rates of the bank rose", 64), tok.encode("the match", 64)])
+    torch.testing.assert_close(encoder(ids, mask), classifier.encoder.eval()(ids, mask), atol=0, rtol=0)
+    training.pop("student")
+    save_half(
+        classifier, make_config_dict("tiny", classifier.cfg, list(NEWS_LABELS), training=training), tmp_path / "n"
+    )
+    with pytest.raises(ValueError, match="no converted student"):
+        load_encoder(tmp_path / "n", teacher)
