@@ -14,7 +14,14 @@ import torch
 from lara_serve.model_export.models.registry import NEWS_LABELS
 from lara_serve.model_export.pretrained import topic_sources as ts
 from lara_serve.model_export.pretrained.classifier import in_holdout
-from lara_serve.model_export.pretrained.robust_head import TokenSet, _cut_from, translated_man_pages
+from lara_serve.model_export.pretrained.robust_head import (
+    ENGLISH_FILLER_GENRES,
+    SELECTION_GENRES,
+    TokenSet,
+    _cut_from,
+    english_prose,
+    translated_man_pages,
+)
 
 
 def _addresses(root: Path, years: range) -> None:
@@ -106,6 +113,19 @@ def test_translated_man_pages_drop_troff(tmp_path: Path) -> None:
     assert "\\" not in pages[0] and ".TH" not in pages[0]
     cut = _cut_from(pages, 100, random.Random(0))
     assert len(cut) == 100 and cut in "\n".join(pages * 2)
+
+
+def test_english_filler_is_brown_without_news_fiction_government_or_the_selection_genre(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for doc_id in ("ca01", "cb02", "cd01", "ce03", "cg01", "ch01", "cj10", "ck01"):
+        (tmp_path / doc_id).write_text(f"{doc_id}/nn text/nn ./.\n")
+    monkeypatch.setenv("LARA_BROWN_DIR", str(tmp_path))
+    assert english_prose.__wrapped__() == ("cd01 text.", "ce03 text.", "cj10 text.")
+    assert english_prose.__wrapped__(SELECTION_GENRES) == ("cg01 text.",)
+    assert not set(SELECTION_GENRES) & set(ENGLISH_FILLER_GENRES)
+    monkeypatch.setenv("LARA_BROWN_DIR", str(tmp_path / "missing"))
+    assert english_prose.__wrapped__() == ()  # not installed: the kind is left out, the build goes on
 
 
 def test_token_sets_join_in_order() -> None:
