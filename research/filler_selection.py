@@ -7,8 +7,10 @@ The robustness suite's filler sources (benchmarks.robustness.sources) are its te
 would fit the test. This reads instead:
 - articles: a seeded sample of the build's selection holdout (BBC train documents with `in_holdout`);
 - filler: Brown belles-lettres (genre letter g, `robust_head.SELECTION_GENRES`), English prose that the trainer
-  never uses, and, as a check on the kinds every build trains with, fresh cuts of the trainer's own filler bank
-  (`FillerBank.installed`: code, package descriptions, licences, markup, word salad, made-up languages);
+  never uses; English manual pages (section 1, troff removed: technical documentation, which neither the
+  trainer, whose man pages are translations, nor the robustness suite reads); and, as a check on the kinds
+  every build trains with, fresh cuts of the trainer's own filler bank (`FillerBank.installed`: code, package
+  descriptions, licences, markup, word salad, made-up languages);
 - each article once alone, then with `--kb` KB of each filler source before or after it (in turn).
 Each model dir is read through its served graph (1/model.onnx, each row alone as the server runs it).
 Accuracy with Wilson intervals per model, source and size. Writes research/results/filler_selection.json.
@@ -19,6 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 import random
+from collections.abc import Sequence
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +32,21 @@ from benchmarks.robustness.perturb import place_filler
 from benchmarks.robustness.runners import OnnxText
 from benchmarks.robustness.stats import wilson
 from lara_serve.model_export.pretrained.classifier import in_holdout
-from lara_serve.model_export.pretrained.robust_head import SELECTION_GENRES, _cut_from, english_prose
+from lara_serve.model_export.pretrained.robust_head import SELECTION_GENRES, _cut_from, english_prose, man_page_text
 from lara_serve.model_export.training.augment import FillerBank
 from lara_serve.model_export.training.data import load_news
 
 OUT = Path(__file__).parent / "results" / "filler_selection.json"
 POSITIONS = ("prepend", "append")
+SOURCES = ("belles_lettres", "man_pages", "trainer_bank")
+MAN_PAGES = 600  # English section-1 pages read (every k-th of the sorted list): variety at a bounded start-up
+
+
+@cache
+def english_man_pages(root: Path = Path("/usr/share/man/man1")) -> tuple[str, ...]:
+    paths = sorted(root.glob("*.gz"))
+    texts = [man_page_text(p) for p in paths[:: max(1, len(paths) // MAN_PAGES)]]
+    return tuple(t for t in texts if len(t) > 500)
 
 
 def filler(source: str, rng: random.Random, n_bytes: int) -> bytes:
@@ -43,17 +56,24 @@ def filler(source: str, rng: random.Random, n_bytes: int) -> bytes:
         if not texts:
             raise SystemExit("the Brown corpus is not installed (make setup): no belles-lettres to read")
         raw = _cut_from(texts, n_bytes, rng).encode("utf-8")
+    elif source == "man_pages":
+        pages = english_man_pages()
+        if not pages:
+            raise SystemExit("no English manual pages under /usr/share/man/man1")
+        raw = _cut_from(pages, n_bytes, rng).encode("utf-8")
     else:
         raw = FillerBank.installed().sample(rng, n_bytes)
     return raw[:n_bytes].decode("utf-8", errors="ignore").encode("utf-8")
 
 
-def cases(docs: int, kbs: list[int], seed: int) -> tuple[dict[str, list[bytes]], list[int]]:
+def cases(
+    docs: int, kbs: list[int], seed: int, sources: Sequence[str] = SOURCES
+) -> tuple[dict[str, list[bytes]], list[int]]:
     """{case: texts} over one seeded sample of holdout articles, and their labels."""
     holdout = [d for d in load_news("train") if in_holdout(d.text)]
     picked = random.Random(f"filler-selection:{seed}").sample(holdout, min(docs, len(holdout)))
     out = {"alone": [d.text.encode("utf-8") for d in picked]}
-    for source in ("belles_lettres", "trainer_bank"):
+    for source in sources:
         for kb in kbs:
             texts = []
             for j, d in enumerate(picked):
@@ -69,10 +89,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--docs", type=int, default=120)
     p.add_argument("--kb", type=int, nargs="+", default=[10, 20])
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sources", nargs="+", choices=SOURCES, default=list(SOURCES))
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
-    texts, labels = cases(args.docs, args.kb, args.seed)
+    texts, labels = cases(args.docs, args.kb, args.seed, args.sources)
     y = np.array(labels)
     report: dict[str, Any] = {"command": "python -m research.filler_selection " + " ".join(map(str, args.models)),
                               "docs": len(labels), "models": {}}  # fmt: skip

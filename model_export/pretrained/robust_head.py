@@ -289,23 +289,28 @@ def translated_man_pages(root: Path = Path("/usr/share/man"), per_language: int 
     """Non-English prose: the installed manual pages' translations (root/<language>/man*/, at most
     `per_language` characters of each language), troff requests and escapes removed. The robustness suite's
     non-English filler is another source (gettext catalogues). Empty where no translation is installed."""
-    import gzip
-
     out, size = [], dict[str, int]()
     for path in sorted(root.glob("[a-z][a-z]*/man*/*.gz")):
         lang = path.parent.parent.name
         if size.get(lang, 0) >= per_language:
             continue
-        try:
-            raw = gzip.decompress(path.read_bytes()).decode("utf-8", errors="ignore")
-        except (OSError, EOFError):
-            continue
-        lines = [_TROFF_ESCAPE.sub("", ln) for ln in raw.splitlines() if ln and ln[0] not in ".'"]
-        text = "\n".join(ln for ln in lines if ln.strip())
+        text = man_page_text(path)
         if len(text) > 500:
             out.append(text)
             size[lang] = size.get(lang, 0) + len(text)
     return tuple(out)
+
+
+def man_page_text(path: Path) -> str:
+    """A gzipped manual page's text, troff requests and escapes removed ("" when it cannot be read)."""
+    import gzip
+
+    try:
+        raw = gzip.decompress(path.read_bytes()).decode("utf-8", errors="ignore")
+    except (OSError, EOFError):
+        return ""
+    lines = [_TROFF_ESCAPE.sub("", ln) for ln in raw.splitlines() if ln and ln[0] not in ".'"]
+    return "\n".join(ln for ln in lines if ln.strip())
 
 
 def _cut_from(texts: Sequence[str], n: int, rng: random.Random) -> str:
