@@ -49,18 +49,21 @@ def english_man_pages(root: Path = Path("/usr/share/man/man1")) -> tuple[str, ..
     return tuple(t for t in texts if len(t) > 500)
 
 
+# the held-out prose sources: what gives their texts, and what is missing when there are none
+PROSE = {
+    "belles_lettres": (lambda: english_prose(SELECTION_GENRES), "the Brown corpus is not installed (make setup)"),
+    "man_pages": (english_man_pages, "no English manual pages under /usr/share/man/man1"),
+}
+
+
 def filler(source: str, rng: random.Random, n_bytes: int) -> bytes:
     """n_bytes of one selection source (whole UTF-8 characters)."""
-    if source == "belles_lettres":
-        texts = english_prose(SELECTION_GENRES)
+    if source in PROSE:
+        get, missing = PROSE[source]
+        texts = get()
         if not texts:
-            raise SystemExit("the Brown corpus is not installed (make setup): no belles-lettres to read")
+            raise SystemExit(f"{missing}: no {source} to read")
         raw = _cut_from(texts, n_bytes, rng).encode("utf-8")
-    elif source == "man_pages":
-        pages = english_man_pages()
-        if not pages:
-            raise SystemExit("no English manual pages under /usr/share/man/man1")
-        raw = _cut_from(pages, n_bytes, rng).encode("utf-8")
     else:
         raw = FillerBank.installed().sample(rng, n_bytes)
     return raw[:n_bytes].decode("utf-8", errors="ignore").encode("utf-8")

@@ -14,7 +14,7 @@ the result on real composites, read whole by the encoder (`classifier.real_compo
 
 Filler is the trainer's own (`training.augment.FillerBank`: installed code, package descriptions, licences,
 generated markup, word salad, made-up languages; translated manual pages; English prose of no news topic from
-five Brown genres), never the robustness suite's sources; the holdout's composites use filler passages the fit
+four Brown genres), never the robustness suite's sources; the holdout's composites use filler passages the fit
 never saw.
 """
 
