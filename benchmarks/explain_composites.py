@@ -42,11 +42,15 @@ POSITIONS = ("append", "prepend")
 SATURATED = 0.05  # a top contribution below this (in probability) is the issue's "saturated"
 
 
-def composites(n: int, kb: int, seed: int) -> list[dict[str, Any]]:
-    """n seeded BBC test articles, each with kb KB of filler of one source at one position (in turn)."""
+def composites(n: int, kb: int, seed: int, split: str = "test") -> list[dict[str, Any]]:
+    """n seeded BBC articles, each with kb KB of filler of one source at one position (in turn). split "test":
+    the test split's; "holdout": the pretrained build's selection holdout (train documents it never fits)."""
+    from lara_serve.model_export.pretrained.classifier import in_holdout
     from lara_serve.model_export.training.data import NEWS_CLASSES, load_news
 
-    news = load_news("test")
+    if split not in ("test", "holdout"):
+        raise ValueError(f"split must be 'test' or 'holdout', got {split!r}")
+    news = load_news("test") if split == "test" else [d for d in load_news("train") if in_holdout(d.text)]
     picked = random.Random(f"explain:{seed}").sample(range(len(news)), min(n, len(news)))
     out = []
     for j, i in enumerate(picked):

@@ -102,6 +102,14 @@ class ModelConfig(BaseModel):
         return 256 + self.preprocessing.byte_offset
 
     @property
+    def read_window(self) -> int:
+        """config.json model.window: a word-piece model that reads its text in fixed windows of that many
+        pieces (model_export.models.bert_lara.window_layout); 0 when it reads the text whole."""
+        arch = getattr(self, "model", None)
+        window = arch.get("window") if isinstance(arch, dict) else None
+        return window if isinstance(window, int) and not isinstance(window, bool) and window > 0 else 0
+
+    @property
     def has_ood_output(self) -> bool:
         return any(spec.name == OOD_OUTPUT for spec in self.outputs)
 

@@ -198,14 +198,15 @@ class PassageContribution(BaseModel):
     end: int = Field(description="Byte offset just past the passage")
     text: str
     contribution: float | None = Field(
-        description="p(label | text) - p(label | text without this passage); null if the text is one passage"
+        description="p(label | text) - p(label | text without this passage); a model that reads in fixed windows "
+        "(config model.window) reads the passage's pieces as padding in place instead; null if the text is one passage"
     )
     log_odds: float | None = Field(
         None,
         description="The same in log-odds of the label, log(p/(1-p)) with and without the passage: not saturated "
         "when p is near 1 (probabilities clipped to [1e-7, 1 - 1e-7]); null if the text is one passage",
     )
-    score_without: float | None = Field(description="p(label | text without this passage)")
+    score_without: float | None = Field(description="p(label | text without this passage, or with it padded in place)")
 
 
 class Explanation(Prediction):

@@ -27,8 +27,8 @@ async def explain(
     name: str, request: Request, state: State, truncate: Annotated[str | None, _TRUNCATE_QUERY] = None
 ) -> JSONResponse:
     """Text models: the prediction and, per passage (byte ranges of the text read), its contribution to the
-    predicted label by occlusion: p(label | text) - p(label | text without the passage). Same body as
-    :predict, plus `parameters.max_passages` (2-64)."""
+    predicted label by occlusion: p(label | text) - p(label | text without the passage; a windowed model reads
+    it as padding in place). Same body as :predict, plus `parameters.max_passages` (2-64)."""
     settings = state.settings
     with track(state, name):
         model = state.model(name)

@@ -15,7 +15,7 @@ from lara_serve.server.errors import ServeError
 from lara_serve.server.explain import Passage, positions
 from lara_serve.server.preprocess import IDS, text_item, wordpiece_tokenizer
 from lara_serve.server.repository import RepositoryError, TextPreprocessing, read_config
-from lara_serve.server.synthetic import make_text_model
+from lara_serve.server.synthetic import TEXT_LABELS, make_text_model
 
 WORDS = [
     "the",
@@ -165,3 +165,60 @@ async def test_served_classify_and_explain(wp_repo: Path) -> None:
         alone = await client.post(f"/v1/models/{NAME}:predict", json={"instances": [second], "top_k": 4})
         scores = {row["label"]: row["score"] for row in alone.json()["predictions"][0]["top_k"]}
         assert passages[0]["score_without"] == pytest.approx(scores[exp["label"]], abs=1e-6)
+
+
+@pytest.fixture(scope="module")
+def windowed_repo(wp_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same model, its config saying it reads in windows of 8 pieces (as lara-news-minilm reads 510)."""
+    root = tmp_path_factory.mktemp("wp_windowed")
+    folder = root / NAME
+    (folder / "1").mkdir(parents=True)
+    for name in ("config.json", "tokenizer.json", "1/model.onnx"):
+        (folder / name).write_bytes((wp_repo / NAME / name).read_bytes())
+    conf = json.loads((folder / "config.json").read_text())
+    conf["model"] = {**conf.get("model", {}), "window": 8}
+    (folder / "config.json").write_text(json.dumps(conf))
+    return root
+
+
+def test_a_windowed_model_occludes_in_place(wp_repo: Path, windowed_repo: Path) -> None:
+    from lara_serve.server.explain import plan, without
+
+    assert read_config(wp_repo / NAME).read_window == 0 and read_config(windowed_repo / NAME).read_window == 8
+    prep = prep_of(windowed_repo)
+    item = text_item(b"the markets rose. the team lost the match.", prep, None)
+    (whole_text,) = plan([item], prep, 2, window=0)
+    (windowed,) = plan([item], prep, 2, window=8)
+    passage = windowed.passages[0]
+    start, end = positions(item, passage)
+    removed = without(item, passage, whole_text.pad_in_place)
+    kept = without(item, passage, windowed.pad_in_place)
+    ids = item.arrays[IDS]
+    assert removed.length == item.length - (end - start) and list(removed.arrays[IDS]) == [*ids[:start], *ids[end:]]
+    # in place: the same length, the passage's pieces the pad id, every other piece where it was
+    assert kept.length == item.length and list(kept.arrays[IDS]) == [*ids[:start], *[0] * (end - start), *ids[end:]]
+    assert list(item.arrays[IDS]) == list(ids)  # the request's own item is not touched
+
+
+@pytest.mark.anyio
+async def test_a_windowed_models_score_without_is_v2_infer_of_the_padded_ids(windowed_repo: Path) -> None:
+    settings = Settings(model_repository=windowed_repo, max_queue_delay_ms=2.0)
+    first = "the markets rose and the shares fell in the markets, and the minister vote fell."
+    text = first + " the team lost the match, and the goal of the film and the music in the software rose."
+    prep = prep_of(windowed_repo)
+    item = text_item(text.encode(), prep, None)
+    async with serve(settings) as client:
+        r = await client.post(f"/v1/models/{NAME}:explain", json={"instances": [text], "max_passages": 2})
+        assert r.status_code == 200, r.text
+        (exp,) = r.json()["explanations"]
+        p = exp["passages"][0]
+        assert p["text"] == first + " "
+        start, end = positions(item, Passage(p["start"], p["end"]))
+        ids = [int(i) for i in item.arrays[IDS]]
+        padded = [*ids[:start], *[0] * (end - start), *ids[end:]]
+        body = {"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [1, len(padded)], "data": padded}],
+                "outputs": [{"name": "probabilities"}]}  # fmt: skip
+        r = await client.post(f"/v2/models/{NAME}/infer", json=body)
+        assert r.status_code == 200, r.text
+        (probs,) = r.json()["outputs"]
+        assert p["score_without"] == pytest.approx(probs["data"][TEXT_LABELS.index(exp["label"])], abs=1e-6)
