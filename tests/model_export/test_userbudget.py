@@ -201,3 +201,17 @@ def test_the_text_baseline_fits_only_the_filled_buckets_with_the_same_answers() 
                                           norm=None), TfidfTransformer(sublinear_tf=True))  # fmt: skip
     full = LogisticRegression(C=10.0, max_iter=2000).fit(vec.fit_transform(train), y)
     np.testing.assert_allclose(got, full.predict_proba(vec.transform(test)), atol=1e-6)
+
+
+def test_the_cnn_baselines_learning_rate_anneals_to_zero_over_its_budget() -> None:
+    """baseline.image_baseline's rate: the full rate at the start, half at mid-budget, 0 at and past the end
+    (its last step is where training settled, not a draw from the constant rate's oscillation)."""
+    from lara_serve.model_export.your_data.baseline import LR, annealed_lr
+
+    assert annealed_lr(LR, 0.0) == pytest.approx(LR) and annealed_lr(LR, -1.0) == pytest.approx(LR)
+    assert annealed_lr(LR, 0.5) == pytest.approx(LR / 2)
+    assert annealed_lr(LR, 1.0) == pytest.approx(0.0, abs=1e-12) and annealed_lr(LR, 3.0) == pytest.approx(
+        0.0, abs=1e-12
+    )
+    rates = [annealed_lr(LR, k / 20) for k in range(21)]
+    assert all(a > b for a, b in zip(rates, rates[1:], strict=False))
