@@ -1,6 +1,7 @@
 """Why does `:explain` miss the article when filler comes first? Occlusion variants on the same composites.
 
-    python -m research.explain_occlusion --docs 40                # 40 composites of the explain benchmark
+    python -m research.explain_occlusion --docs 60                # 60 holdout composites (the choice)
+    python -m research.explain_occlusion --split test --docs 40 --name explain_occlusion_test40
 
 Hypothesis: the windowed word-piece model reads a document in fixed windows of 510 pieces. Deleting a passage
 shifts every window boundary after it, so with filler prepended each filler deletion re-cuts the whole
@@ -13,8 +14,8 @@ Methods, each scored as "top passage inside the article" on the correctly labell
 - pad: the same with [PAD] (id 0, read as a real piece);
 - alone: the passage read alone (sufficiency, not necessity): log-odds of the whole text's label.
 
-Composites are benchmarks.explain_composites' (same seed, same filler sources), on its holdout of the test
-split's articles; nothing here chooses a model. Writes research/results/explain_occlusion.json.
+Composites are benchmarks.explain_composites' (same seed, same filler sources) on the pretrained build's
+holdout articles by default (`--split test`: the benchmark's own articles). Writes research/results/{name}.json.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ import numpy as np
 from benchmarks.explain_composites import composites, inside
 from benchmarks.robustness.runners import REPOSITORY, OnnxModel
 from benchmarks.robustness.stats import softmax, wilson
-from lara_serve.server.explain import Passage, log_odds, positions, split_passages
-from lara_serve.server.preprocess import IDS, text_item
+from lara_serve.model_export.training.data import NEWS_CLASSES
+from lara_serve.server.explain import Passage, log_odds, positions, split_passages, without
+from lara_serve.server.preprocess import IDS, Item, text_item, wordpiece_tokenizer
 from lara_serve.server.repository import read_config
 
 RESULTS = Path(__file__).parent / "results"
@@ -42,15 +44,14 @@ def run(model: OnnxModel, ids: np.ndarray) -> np.ndarray:
     return softmax(logits)[0]
 
 
-def variant(ids: np.ndarray, span: tuple[int, int], method: str, mask_id: int) -> np.ndarray:
-    s, e = span
-    if method == "delete":
-        return np.concatenate((ids[:s], ids[e:]))
-    if method in ("mask", "pad"):
-        out = ids.copy()
-        out[s:e] = mask_id if method == "mask" else 0
-        return out
-    return np.concatenate((ids[:1], ids[s:e], ids[-1:]))  # alone: [CLS] passage [SEP]
+def variant(item: Item, passage: Passage, method: str, mask_id: int, pad_id: int) -> np.ndarray:
+    """The ids a method reads: the server's own occlusion (`server.explain.without`) for delete, mask and pad."""
+    if method == "alone":
+        ids = item.arrays[IDS]
+        s, e = positions(item, passage)
+        return np.concatenate((ids[:1], ids[s:e], ids[-1:]))  # [CLS] passage [SEP]
+    fill = {"delete": None, "mask": mask_id, "pad": pad_id}[method]
+    return without(item, passage, fill).arrays[IDS]
 
 
 def explain_one(
@@ -64,10 +65,9 @@ def explain_one(
     row: dict[str, Any] = {"source": item["source"], "position": item["position"], "label": item["label"],
                            "predicted": label, "passages": []}  # fmt: skip
     for p in parts:
-        span = positions(it, Passage(p.start, p.end))
         scores = {}
         for m in methods:
-            prob = run(model, variant(ids, span, m, mask_id))[label]
+            prob = run(model, variant(it, p, m, mask_id, prep.pad_id))[label]
             scores[m] = log_odds(prob) if m == "alone" else log_odds(float(whole[label])) - log_odds(prob)
         half, _ = inside({"start": p.start, "end": p.end}, tuple(item["article"]))
         row["passages"].append({"start": p.start, "end": p.end, "inside": half, **scores})
@@ -85,12 +85,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     ap.add_argument("--name", default="explain_occlusion")
     args = ap.parse_args(argv)
-    from lara_serve.model_export.training.data import NEWS_CLASSES
-
     model = OnnxModel(args.model, threads=args.threads)
     prep = read_config(REPOSITORY / args.model).preprocessing
-    from lara_serve.server.preprocess import wordpiece_tokenizer
-
     mask_id = int(wordpiece_tokenizer(prep.tokenizer).token_to_id("[MASK]"))
     rows = []
     for k, item in enumerate(composites(args.docs, args.kb, 0, args.split)):

@@ -5,9 +5,10 @@ predicted for the whole text. Occluded means removed, except for a model that re
 (config model.window): there the passage's pieces are read as [PAD] in place. Why: removing a passage moves
 every window boundary after it, so with unrelated text before an article each removal re-cut the whole
 article, and that change outweighed what the article's own passages carry (research/explain_occlusion.py,
-holdout articles with 10 KB of filler first: the top passage inside the article 61.5% removed, 96.2% padded). The numbers are the model's own answers to the occluded inputs, so they are faithful by
-construction: a client that posts the text without a passage to :predict (or, for a windowed model, the
-ids with the passage's pieces set to the pad id to v2 infer) gets `score_without` back. The occluded variants
+holdout articles with 10 KB of filler first: the top passage inside the article 61.5% removed, 96.2% padded).
+The numbers are the model's own answers to the occluded inputs, so they are faithful by construction: a
+client that posts the text without a passage to :predict (or, for a windowed model, the ids with the
+passage's pieces set to the pad id to v2 infer) gets `score_without` back. The occluded variants
 of a request go through the model's batcher together with the whole texts, as one request's items, so queue
 limits, deadlines and cancellation apply to them as to any prediction.
 

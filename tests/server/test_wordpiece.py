@@ -12,7 +12,7 @@ from server_helpers import serve
 
 from lara_serve.server import Settings
 from lara_serve.server.errors import ServeError
-from lara_serve.server.explain import Passage, positions
+from lara_serve.server.explain import Passage, plan, positions, without
 from lara_serve.server.preprocess import IDS, text_item, wordpiece_tokenizer
 from lara_serve.server.repository import RepositoryError, TextPreprocessing, read_config
 from lara_serve.server.synthetic import TEXT_LABELS, make_text_model
@@ -182,8 +182,6 @@ def windowed_repo(wp_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
 
 
 def test_a_windowed_model_occludes_in_place(wp_repo: Path, windowed_repo: Path) -> None:
-    from lara_serve.server.explain import plan, without
-
     assert read_config(wp_repo / NAME).read_window == 0 and read_config(windowed_repo / NAME).read_window == 8
     prep = prep_of(windowed_repo)
     item = text_item(b"the markets rose. the team lost the match.", prep, None)
