@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
 from torch import Tensor, nn
 
 from lara_serve.model_export.models.bert import BertEncoder, LearnedPositions
@@ -88,6 +89,60 @@ def merge_adapters(student: BertEncoder) -> BertEncoder:
             if isinstance(mod, LoraLinear):
                 setattr(layer.attn, name, mod.merged())
     return student
+
+
+# A folded, float16-rounded weight differs from teacher + adapter by the rounding alone: half a float16 step,
+# 2^-11 of the value, plus a little for the float32 sums of the fold.
+FOLD_TOLERANCE = 2.0**-10
+
+
+@torch.no_grad()
+def unmerge_adapters(teacher: BertEncoder, cfg: StudentConfig, folded: dict[str, Tensor]) -> tuple[BertEncoder, float]:
+    """A trainable student (teacher + adapters) from a folded encoder's state (what a built model ships).
+
+    Each adapted weight's change from the teacher is rank <= cfg.lora_rank by construction, so its truncated SVD
+    gives the adapter back (up to the float16 rounding of the shipped weights, which it mostly filters out).
+    Every other teacher weight must come back unchanged (within FOLD_TOLERANCE): a model folded from another
+    teacher is refused. Returns the student and the largest relative residual ||D - scale B A|| / ||D||."""
+    student = student_from_teacher(teacher, cfg)
+    own = student.state_dict()
+    worst = 0.0
+    for i, layer in enumerate(student.layers):
+        for name in cfg.lora_targets if cfg.lora_rank else ():
+            lin = getattr(layer.attn, name)
+            key = f"layers.{i}.attn.{name}"
+            change = folded[f"{key}.weight"].to(lin.base.weight) - lin.base.weight
+            u, s, vh = torch.linalg.svd(change.double(), full_matrices=False)
+            root = (s[: cfg.lora_rank] / lin.scale).sqrt()
+            lin.lora_b.copy_(u[:, : cfg.lora_rank] * root)
+            lin.lora_a.copy_(root[:, None] * vh[: cfg.lora_rank])
+            rest = change - lin.scale * lin.lora_b @ lin.lora_a
+            worst = max(worst, (rest.norm() / change.norm().clamp_min(1e-30)).item())
+            own.pop(f"{key}.base.weight"), own.pop(f"{key}.lora_a"), own.pop(f"{key}.lora_b")
+            own[f"{key}.bias"] = own.pop(f"{key}.base.bias")
+    for k, mine in own.items():
+        if k not in folded:
+            raise ValueError(f"the folded encoder lacks {k}: not built from this student config")
+        theirs = folded[k].to(mine)
+        if is_converted(k):
+            mine.copy_(theirs)
+        elif not torch.allclose(theirs, mine, rtol=FOLD_TOLERANCE, atol=1e-6):
+            raise ValueError(f"{k} differs from the teacher's: the model was not folded from this teacher")
+    return student, worst
+
+
+def student_from_model(model_dir: Path, teacher: BertEncoder) -> tuple[BertEncoder, StudentConfig, float]:
+    """The trainable student inside a model directory built by `classifier` (config.json training.student),
+    so training can go on from what is shipped when the transfer run is gone; see unmerge_adapters."""
+    from lara_serve.model_export.models.hub import load_config, load_pretrained
+
+    training = load_config(model_dir).get("training", {})
+    if "student" not in training:
+        raise ValueError(f"{model_dir}: config.json records no converted student (training.student)")
+    cfg = StudentConfig.from_dict(training["student"])
+    folded = load_pretrained(model_dir).encoder.state_dict()
+    student, residual = unmerge_adapters(teacher, cfg, folded)
+    return student, cfg, residual
 
 
 # ----------------------------------------------------------------------------- files

@@ -42,7 +42,13 @@ from lara_serve.model_export.pretrained.fidelity import (
     student_config_from,
     teacher_reference,
 )
-from lara_serve.model_export.pretrained.student import load_student, save_student, set_trainable, student_from_teacher
+from lara_serve.model_export.pretrained.student import (
+    load_student,
+    save_student,
+    set_trainable,
+    student_from_model,
+    student_from_teacher,
+)
 from lara_serve.model_export.pretrained.teacher import BertEncoder, WordPieces, load_teacher, pad_pieces
 
 STAGES = ("attention", "embedding")
@@ -185,6 +191,17 @@ def train_stage(ctx: dict[str, Any], stage: int, end_s: float, max_steps: int, o
     _log(out, {"event": "stage done", "stage": STAGES[stage], "elapsed_s": round(state["elapsed_s"], 1)})
 
 
+def initial_student(source: Path, teacher: BertEncoder) -> BertEncoder:
+    """--init: train on from a transfer run folder, or from a model directory `classifier` built (its folded
+    encoder unfolded into teacher + adapters); the student config is the source's, not the command line's."""
+    if (source / "config.json").is_file():
+        student, cfg, residual = student_from_model(source, teacher)
+        if residual > 0.05:  # the fold is rank <= lora_rank by construction: more means a foreign model
+            raise ValueError(f"{source}: its adapted weights are not teacher + rank-{cfg.lora_rank} ({residual:.3f})")
+        return student
+    return load_student(source, teacher)
+
+
 def _setup(args: argparse.Namespace) -> tuple[dict[str, Any], dict | None]:
     """Teacher, student (fresh or resumed), texts and run state; returns the context and a saved optimizer."""
     device = torch.device(args.device)
@@ -201,6 +218,8 @@ def _setup(args: argparse.Namespace) -> tuple[dict[str, Any], dict | None]:
         student = load_student(args.out, teacher)
         for layer, g in zip(student.layers, ckpt["generators"], strict=True):
             layer.attn.mixer.generator.set_state(g)
+    elif args.init:
+        student = initial_student(args.init, teacher)
     else:
         student = student_from_teacher(teacher, student_config_from(args))
     texts = (
@@ -269,6 +288,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--texts", type=Path, help="train on the *.txt under this folder instead of the installed corpora")
     p.add_argument("--no-spam", action="store_true", help="leave SpamAssassin bodies out of the training text")
     p.add_argument("--teacher-dir", type=Path, help="a BERT folder other than the installed teacher (tests)")
+    p.add_argument("--init", type=Path, help="start from this transfer run or built model (its student config)")
     add_student_args(p)
     args = p.parse_args(argv)
     if max(args.pieces) > 512 or min(args.pieces) < 8:
@@ -277,7 +297,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         saved = torch.load(args.out / "checkpoint.pt", weights_only=False)["state"].get("args", {})
         for k, v in saved.items():
             if k not in SESSION_FLAGS and hasattr(args, k):
-                setattr(args, k, Path(v) if k in ("texts", "teacher_dir") and v not in (None, "None") else v)
+                setattr(args, k, Path(v) if k in ("texts", "teacher_dir", "init") and v not in (None, "None") else v)
     return args
 
 

@@ -218,3 +218,32 @@ def test_a_built_model_dir_gives_back_its_encoder(tiny, tmp_path: Path) -> None:
     )
     with pytest.raises(ValueError, match="no converted student"):
         load_encoder(tmp_path / "n", teacher)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("rounded", [False, True], ids=["float32", "float16-rounded"])
+def test_a_folded_encoder_unfolds_to_teacher_plus_adapters(tiny, rounded: bool) -> None:
+    """unmerge_adapters gives back a trainable student whose outputs are the folded encoder's: exactly (to float32
+    sums) when nothing was rounded, to the float16 rounding when the shipped weights were; a fold of another
+    teacher is refused."""
+    from lara_serve.model_export.pretrained.classifier import round_to_half
+
+    teacher, tok = tiny
+    cfg = S.StudentConfig(num_landmarks=4, lora_rank=2)
+    student = S.student_from_teacher(teacher, cfg)
+    _perturb(student, 0.05)
+    want = copy.deepcopy(student).eval()
+    folded = S.merge_adapters(copy.deepcopy(student)).eval()
+    if rounded:
+        round_to_half(folded, min_elements=64)
+    back, residual = S.unmerge_adapters(teacher, cfg, folded.state_dict())
+    assert any(isinstance(m, S.LoraLinear) for m in back.modules())  # trainable again
+    assert residual < (1e-2 if rounded else 1e-5)
+    ids, mask = pad_pieces([tok.encode("rates of the bank rose", 64), tok.encode("the match", 64)])
+    tol = 5e-3 if rounded else 1e-5
+    torch.testing.assert_close(back.eval()(ids, mask), want(ids, mask), atol=tol, rtol=0)
+    torch.testing.assert_close(back(ids, mask), folded(ids, mask), atol=tol, rtol=0)
+    other = copy.deepcopy(teacher)
+    next(p for n, p in other.named_parameters() if ".attn." not in n and p.dim() == 2).add_(0.1)  # not adapted
+    with pytest.raises(ValueError, match="not folded from this teacher"):
+        S.unmerge_adapters(other, cfg, folded.state_dict())

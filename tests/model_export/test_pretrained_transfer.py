@@ -141,6 +141,27 @@ def test_a_finished_run_extended_by_resume_equals_a_longer_run(tmp_path: Path) -
         torch.testing.assert_close(b[k], a[k], atol=0, rtol=0, msg=k)
 
 
+def test_a_run_can_start_from_another_runs_student(tmp_path: Path) -> None:
+    """--init: with no time to train, the new run's student is the source's; its student config wins over the
+    command line's (here --num-landmarks 8 against the source's 4); with steps, it trains on from there."""
+    teacher_dir, texts = tiny_bert_dir(tmp_path / "tiny"), _text_dir(tmp_path / "texts")
+    transfer.main(_cli(tmp_path / "first", teacher_dir, texts))
+    src = load_file(str(tmp_path / "first" / "converted.safetensors"))
+    cli = _cli(tmp_path / "again", teacher_dir, texts, "--init", str(tmp_path / "first"), "--time-budget", "0")
+    cli[cli.index("--num-landmarks") + 1] = "8"
+    summary = transfer.main(cli)
+    assert summary["steps"] == {"attention": 0, "embedding": 0}
+    assert summary["student_config"]["num_landmarks"] == 4
+    got = load_file(str(tmp_path / "again" / "converted.safetensors"))
+    assert got.keys() == src.keys()
+    for k in src:
+        torch.testing.assert_close(got[k], src[k], atol=0, rtol=0, msg=k)
+    more = _cli(tmp_path / "more", teacher_dir, texts, "--init", str(tmp_path / "first"), "--stage1-fraction", "0")
+    assert transfer.main(more)["steps"] == {"attention": 0, "embedding": 4}
+    trained = load_file(str(tmp_path / "more" / "converted.safetensors"))
+    assert any(not torch.equal(trained[k], src[k]) for k in src if "lora_b" in k)
+
+
 def test_training_text_holds_no_test_or_heldout_text() -> None:
     try:
         with warnings.catch_warnings():  # an optional source (SpamAssassin) may be missing: that is fine here
