@@ -169,7 +169,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with server_process(["--log-level", "warning"], env=env, timeout_s=300) as url:
         rows = explain_all(url, args.model, items, args.max_passages)
     summary = summarize(rows)
-    result = {"model": args.model, "settings": vars(args), "summary": summary, "rows": rows}
+    result = {"model": args.model, "settings": vars(args), "summary": summary, "rows": rows,
+              "filler_pools": sources.fingerprints()}  # fmt: skip
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
     (RESULTS / f"{args.name}.md").write_text(markdown(args.name, args, summary))

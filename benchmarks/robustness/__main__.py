@@ -128,6 +128,7 @@ def run(args: argparse.Namespace, done: Callable[[dict[str, Any]], None] = lambd
 def write(results: dict[str, Any], out: Path, name: str, command: str) -> None:
     results["command"] = command
     results["environment"] = environment()
+    results["filler_pools"] = sources.fingerprints()  # prose, code, non-English: the installed packages' files
     out.mkdir(parents=True, exist_ok=True)
     stem = out / name
     stem.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")

@@ -16,12 +16,14 @@ Every source is read in sorted order and cut with a seeded generator, so a run i
 from __future__ import annotations
 
 import gettext
+import hashlib
 import json
 import os
 import random
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from lara_serve.model_export.training.augment import EVAL_LICENCE_FAMILIES, read_text_files
 
@@ -201,6 +203,27 @@ def from_pool(name: str, rng: random.Random, n_bytes: int) -> bytes:
         size += len(parts[-1]) + 1
     raw = b"\n".join(parts)
     return _cut(raw, rng.randrange(max(1, min(len(parts[0]), len(raw) - n_bytes))), n_bytes)
+
+
+FILE_SOURCES = ("licence", "code", "prose", "nonenglish")
+
+
+def fingerprints() -> dict[str, dict[str, Any]]:
+    """What each file-backed source read on this machine: file count, bytes and a digest of the pool. The
+    prose, code and non-English pools follow the installed Debian packages (README files, C headers, gettext
+    catalogues), so two results compare only when their digests agree (installing packages changes them)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in FILE_SOURCES:
+        try:
+            texts = pool(name)
+        except SourceUnavailable:
+            out[name] = {"files": 0}
+            continue
+        digest = hashlib.sha256()
+        for t in texts:
+            digest.update(hashlib.sha256(t).digest())
+        out[name] = {"files": len(texts), "bytes": sum(map(len, texts)), "sha256": digest.hexdigest()[:16]}
+    return out
 
 
 def sampler(name: str) -> Callable[[random.Random, int], bytes]:

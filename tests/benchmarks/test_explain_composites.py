@@ -28,3 +28,24 @@ def test_composites_place_each_article_where_its_span_says() -> None:
         assert hi - lo > 0 and len(raw) >= (hi - lo) + 1024
         assert (lo == 0) == (item["position"] == "append")
     assert ec.composites(4, 1, seed=0) == ec.composites(4, 1, seed=0)  # seeded
+
+
+def test_filler_pool_fingerprints_follow_the_pools(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The digest a result records changes when a pool's text does (a package installed), not otherwise; an
+    empty source is recorded as such rather than failing the run."""
+    pools = {"licence": (b"gpl text",), "code": (b"int x;", b"int y;"), "prose": (b"read me",)}
+
+    def fake_pool(name: str) -> tuple[bytes, ...]:
+        if name not in pools:
+            raise sources.SourceUnavailable(name)
+        return pools[name]
+
+    monkeypatch.setattr(sources, "pool", fake_pool)
+    first = sources.fingerprints()
+    assert first["code"]["files"] == 2 and first["code"]["bytes"] == 12
+    assert first["nonenglish"] == {"files": 0}
+    assert sources.fingerprints() == first
+    pools["prose"] = (b"read me", b"a new package's README")
+    second = sources.fingerprints()
+    assert second["prose"]["sha256"] != first["prose"]["sha256"]
+    assert second["code"] == first["code"] and second["licence"] == first["licence"]
