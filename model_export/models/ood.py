@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 SERVING_KEYS = ("serving.temperature", "serving.ood_means", "serving.ood_whiten")
+PROBE_KEYS = ("serving.probe_weight", "serving.probe_bias", "serving.probe_scales")
 # A word-piece model with cfg.min_pieces > 0: a text of fewer pieces ("a", "The") is not a document; its pooled
 # vector is one embedding, which may sit anywhere (measured: "a" scored 445 against the int8 lara-news-minilm
 # threshold of 527, while "Shares rose." scored 581). Its ood_score is SHORT_TEXT_SCORE, beyond any threshold,
@@ -51,6 +52,23 @@ class MahalanobisScore(nn.Module):
         return (z * z).sum(-1).min(dim=1).values  # [B]
 
 
+class OutlierProbe(nn.Module):
+    """features [B, D] -> a linear logit [B], higher for text unlike the training data: logistic regression of
+    the training features against text of other kinds (outlier exposure, Hendrycks et al., 2019). The
+    Mahalanobis score sees how far a vector is from the class means; text of another kind that lies near a
+    class (English prose that is not news, near an article of the same words) needs a learned direction."""
+
+    def __init__(self, weight: Tensor, bias: Tensor) -> None:
+        super().__init__()
+        if weight.ndim != 1 or bias.numel() != 1:
+            raise ValueError(f"need weight [D] and bias [1], got {tuple(weight.shape)}, {tuple(bias.shape)}")
+        self.register_buffer("weight", weight.float())  # [D]
+        self.register_buffer("bias", bias.float().reshape(1))  # [1]
+
+    def forward(self, features: Tensor) -> Tensor:
+        return features.float() @ self.weight + self.bias  # [B]
+
+
 def threshold_at(scores: Tensor, pass_rate: float = 0.95) -> float:
     """The score at or below which `pass_rate` of these (in-distribution holdout) items fall."""
     if not 0.0 < pass_rate <= 1.0 or len(scores) == 0:
@@ -81,6 +99,8 @@ class ServingModel(nn.Module):
         ood: MahalanobisScore,
         input_score: nn.Module | None = None,
         scales: tuple[float, float, float] | None = None,
+        probe: OutlierProbe | None = None,
+        probe_scales: tuple[float, float, float] | None = None,
     ) -> None:
         super().__init__()
         if not temperature > 0:
@@ -89,6 +109,13 @@ class ServingModel(nn.Module):
             scales is not None and not (len(scales) == 3 and scales[0] > 0 and scales[1] > scales[2])
         ):
             raise ValueError(f"an input score needs scales (q_feature > 0, q_input > median_input), got {scales}")
+        if (probe is None) != (probe_scales is None) or (
+            probe_scales is not None
+            and not (len(probe_scales) == 3 and probe_scales[0] > 0 and probe_scales[1] > probe_scales[2])
+        ):
+            raise ValueError(f"a probe needs scales (q_feature > 0, q_probe > median_probe), got {probe_scales}")
+        if probe is not None and input_score is not None:
+            raise ValueError("a serving head takes an input score or an outlier probe, not both")
         self.model = model
         self.cfg = model.cfg
         self.register_buffer("temperature", torch.tensor(float(temperature)))
@@ -98,6 +125,12 @@ class ServingModel(nn.Module):
         # alone unless the input is less likely than 95% of the holdout's (research/ood_combination.py).
         self.input_score = input_score
         self.register_buffer("ood_scales", None if scales is None else torch.tensor([float(v) for v in scales]))
+        # Optional: the served score is then m / q_m + max(0, (g - q_g) / (q_g - median_g)), g the probe's logit,
+        # with probe_scales = (q_m, q_g, median_g): the input score's rule, with the probe in its place.
+        self.probe = probe
+        self.register_buffer(
+            "probe_scales", None if probe_scales is None else torch.tensor([float(v) for v in probe_scales])
+        )
 
     @staticmethod
     def wrap(
@@ -106,10 +139,12 @@ class ServingModel(nn.Module):
         ood: MahalanobisScore,
         input_score: nn.Module | None = None,
         scales: tuple[float, float, float] | None = None,
+        probe: OutlierProbe | None = None,
+        probe_scales: tuple[float, float, float] | None = None,
     ) -> ServingModel:
         """The serving model of a text encoder or a ViT (forward's argument names are the graph's inputs)."""
         cls = ImageServingModel if hasattr(model.cfg, "image_size") else TextServingModel
-        return cls(model, temperature, ood, input_score, scales)
+        return cls(model, temperature, ood, input_score, scales, probe, probe_scales)
 
     def serving_state(self) -> dict[str, Tensor]:
         from lara_serve.model_export.models.ood_input import input_state
@@ -122,6 +157,10 @@ class ServingModel(nn.Module):
         if self.input_score is not None:
             state.update(input_state(self.input_score))
             state["serving.ood_scales"] = self.ood_scales
+        if self.probe is not None:
+            state["serving.probe_weight"] = self.probe.weight
+            state["serving.probe_bias"] = self.probe.bias
+            state["serving.probe_scales"] = self.probe_scales
         return state
 
     @classmethod
@@ -135,9 +174,20 @@ class ServingModel(nn.Module):
             if "serving.ood_scales" not in state:
                 raise ValueError("the serving head has an input score but no serving.ood_scales")
             scales = tuple(float(v) for v in state["serving.ood_scales"])
-        return ServingModel.wrap(model, float(state["serving.temperature"].reshape(())), ood, inp, scales)  # type: ignore[arg-type]
+        probe, probe_scales = None, None
+        present = [k for k in PROBE_KEYS if k in state]
+        if present:
+            if len(present) != len(PROBE_KEYS):
+                raise ValueError(f"an outlier probe needs all of {PROBE_KEYS}, found {present}")
+            probe = OutlierProbe(state["serving.probe_weight"], state["serving.probe_bias"])
+            probe_scales = tuple(float(v) for v in state["serving.probe_scales"])
+        temperature = float(state["serving.temperature"].reshape(()))
+        return ServingModel.wrap(model, temperature, ood, inp, scales, probe, probe_scales)  # type: ignore[arg-type]
 
-    def combine(self, feature_score: Tensor, input_score: Tensor | None) -> Tensor:
+    def combine(self, feature_score: Tensor, input_score: Tensor | None, probe_score: Tensor | None = None) -> Tensor:
+        if probe_score is not None and self.probe_scales is not None:
+            q_m, q_g, med_g = self.probe_scales[0], self.probe_scales[1], self.probe_scales[2]
+            return feature_score / q_m + torch.relu((probe_score - q_g) / (q_g - med_g))
         if input_score is None or self.ood_scales is None:
             return feature_score
         q_m, q_s, med_s = self.ood_scales[0], self.ood_scales[1], self.ood_scales[2]
@@ -153,7 +203,7 @@ class TextServingModel(ServingModel):
         feature = self.ood(pooled)
         inp = None if self.input_score is None else self.input_score(input_ids, attention_mask)
         scaled = logits / self.temperature  # before the score: the shipped graphs' node order, byte for byte
-        score = self.combine(feature, inp)
+        score = self.combine(feature, inp, None if self.probe is None else self.probe(pooled))
         min_pieces = getattr(self.cfg, "min_pieces", 0)
         if min_pieces:  # word pieces: the mask covers [CLS] + pieces + [SEP]
             pieces = attention_mask.sum(1) - 2
@@ -164,6 +214,8 @@ class TextServingModel(ServingModel):
 class ImageServingModel(ServingModel):
     def forward(self, pixel_values: Tensor) -> tuple[Tensor, Tensor]:
         x = self.model.forward_features(pixel_values)  # [B, N, D]
-        feature = self.ood(self.model.forward_pooled(x))
+        pooled = self.model.forward_pooled(x)
+        feature = self.ood(pooled)
         inp = None if self.input_score is None else self.input_score(pixel_values)
-        return self.model.forward_head(x) / self.temperature, self.combine(feature, inp)
+        probe = None if self.probe is None else self.probe(pooled)
+        return self.model.forward_head(x) / self.temperature, self.combine(feature, inp, probe)

@@ -232,3 +232,40 @@ def test_without_min_pieces_a_one_piece_text_is_scored_by_its_features() -> None
     with torch.no_grad():
         _, ood = serving(torch.tensor([[2, 17, 3]]), torch.ones(1, 3, dtype=torch.long))
     assert TINY_WIN.min_pieces == 0 and float(ood[0]) < SHORT_TEXT_SCORE
+
+
+@torch.no_grad()
+def test_outlier_probe_adds_a_penalty_past_its_holdout_quantile_and_exports(tmp_path: Path) -> None:
+    """The probe's rule by hand (m / q_m + max(0, (g - q_g) / (q_g - median_g))), the head saved and loaded
+    back with it, the ONNX graph's score against PyTorch, and a head without it unchanged."""
+    from lara_serve.model_export.models.ood import OutlierProbe
+
+    model = tiny_model(cfg=TINY_WIN)
+    g = torch.Generator().manual_seed(0)
+    feats = torch.nn.functional.normalize(torch.randn(60, TINY.dim, generator=g), dim=-1)
+    ood = MahalanobisScore.fit(feats, torch.arange(60) % 3)
+    probe = OutlierProbe(torch.randn(TINY.dim, generator=g), torch.tensor([0.3]))
+    scales = (40.0, 0.5, -0.5)
+    serving = ServingModel.wrap(model, 1.0, ood, probe=probe, probe_scales=scales)
+    plain = ServingModel.wrap(model, 1.0, ood)
+    batch = torch.tensor([[2, 17, 99, 250, 3], [2, 40, 41, 3, 0]])
+    mask = (batch != 0).long()
+    pooled = model.forward_readout(model.forward_features(batch, mask), mask)[1]
+    m, p = ood(pooled).double(), probe(pooled).double()
+    want = m / 40.0 + torch.relu((p - 0.5) / 1.0)
+    torch.testing.assert_close(serving(batch, mask)[1].double(), want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(plain(batch, mask)[1], ood(pooled))  # no probe: the Mahalanobis score alone
+    with pytest.raises(ValueError, match="probe needs scales"):
+        ServingModel.wrap(model, 1.0, ood, probe=probe)
+    with pytest.raises(ValueError, match="q_probe > median_probe"):
+        ServingModel.wrap(model, 1.0, ood, probe=probe, probe_scales=(40.0, -1.0, 0.0))
+
+    save_half(model, make_config_dict("tiny-probe", TINY_WIN, ["a", "b", "c"]), tmp_path / "p", serving)
+    back = load_pretrained(tmp_path / "p", serving=True)
+    assert back.probe is not None and back.probe_scales.tolist() == list(scales)
+    torch.testing.assert_close(back(batch, mask)[1], serving(batch, mask)[1], rtol=1e-5, atol=1e-6)
+    section = export_model_dir(tmp_path / "p", max_length=2048)
+    assert section["parity"]["max_abs_diff"] <= 1e-4
+    sess = make_session(tmp_path / "p" / "1" / "model.onnx")
+    _, got = sess.run(None, {"input_ids": batch.numpy(), "attention_mask": mask.numpy()})
+    np.testing.assert_allclose(got, serving(batch, mask)[1].numpy(), rtol=1e-4, atol=1e-5)
