@@ -8,7 +8,9 @@ The served graph through the server's own preprocessing. Wrapped articles: BBC t
 e-mail, JSON record, Markdown or with a table (pretrained.wrappers, the forms the head's holdout saw, on test
 documents). Non-news: machine text generated here from seeded generators (written for this probe: server
 logs, JSON dumps of records, base64 blocks, chat logs), and the robustness suite's random bytes, Python
-code, non-English prose and lorem ipsum, each 1-8 KB. Writes research/results/minilm_ood_probe.json.
+code, non-English prose and lorem ipsum, each 1-8 KB; English prose that is not news: the Brown corpus's test
+split by coarse genre (general prose, learned, fiction; the press genre left out), each text's first 1-8 KB
+(data_cache/brown, `make setup`; skipped without it). Writes research/results/minilm_ood_probe.json.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from benchmarks.robustness import sources
 from benchmarks.robustness.stats import auroc
 from lara_serve.model_export.export.exporter import make_session
 from lara_serve.model_export.pretrained.wrappers import wrapped
+from lara_serve.model_export.training.brown import GENRES, BrownUnavailable, load_brown
 from lara_serve.model_export.training.data import load_news
 from lara_serve.server.preprocess import IDS, text_item
 from lara_serve.server.repository import read_config
@@ -123,6 +126,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name in sources.OOD_TEXT_SOURCES:
         draw = sources.sampler(name)
         sets[name] = [score(draw(random.Random(f"ood:{name}:{i}"), rng.randint(1024, 8192))) for i in range(args.n)]
+    try:
+        brown = load_brown("test")
+    except BrownUnavailable as e:
+        print(f"no Brown sets: {e}", flush=True)
+        brown = []
+    for g, genre in enumerate(GENRES):
+        if genre == "press":  # Brown's news genre: not non-news
+            continue
+        texts = [d.text.encode() for d in brown if d.label == g][: args.n]
+        if texts:
+            sets[f"brown_{genre}"] = [score(t[: rng.randint(1024, 8192)]) for t in texts]
     sets["a"] = [score(b"a")]
     result: dict[str, Any] = {
         "command": "python -m research.minilm_ood_probe" + (f" --n {args.n}" if args.n != 40 else ""),
