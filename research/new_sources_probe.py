@@ -61,6 +61,18 @@ def sample(texts: list[str], n: int, seed: str) -> list[str]:
     return random.Random(seed).sample(texts, min(n, len(texts)))
 
 
+def sotu_sets(latest: int) -> tuple[list[str], list[str]]:
+    """The latest State of the Union addresses whole, and five seeded 2 KB excerpts of each."""
+    speeches = [s["text"] for s in sources.load_sotu(latest=latest)]
+    rng = random.Random("sotu-excerpts")
+    excerpts = []
+    for s in speeches:
+        for _ in range(5):
+            start = rng.randrange(max(1, len(s) - 2048))
+            excerpts.append(s[start : start + 2048])
+    return speeches, excerpts
+
+
 def figures(out: Outputs, label: int) -> dict[str, Any]:
     pred = out.pred
     y = np.full(len(pred), label)
@@ -81,13 +93,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--model", default="lara-news-minilm", help="a word-piece model folder under model_repository/")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
-    speeches = [s["text"] for s in sources.load_sotu(latest=args.sotu)]
-    rng = random.Random("sotu-excerpts")
-    excerpts = []
-    for s in speeches:
-        for _ in range(5):
-            start = rng.randrange(max(1, len(s) - 2048))
-            excerpts.append(s[start : start + 2048])
+    speeches, excerpts = sotu_sets(args.sotu)
     described = python_description_items()
     sets = {
         "debian_descriptions": (sample(debian_descriptions(), args.n, "debian"), TECH),

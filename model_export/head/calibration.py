@@ -19,18 +19,24 @@ ECE_BINS = 15
 _T_MIN, _T_MAX = 0.05, 20.0
 
 
-def fit_temperature(logits: Tensor, labels: Tensor) -> float:
+def fit_temperature(logits: Tensor, labels: Tensor, weights: Tensor | None = None) -> float:
     """T minimising the mean NLL of softmax(logits / T) on (logits [N, C], labels [N]), searched over
-    log T by golden-section (the NLL is unimodal in log T for a fixed set of logits)."""
+    log T by golden-section (the NLL is unimodal in log T for a fixed set of logits). weights [N] (> 0): a
+    weighted mean instead, so that a group of items can have a say of its own whatever its size."""
     if logits.ndim != 2 or labels.shape != logits.shape[:1] or len(labels) == 0:
         raise ValueError(
             f"need logits [N, C] and labels [N] with N > 0, got {tuple(logits.shape)}, {tuple(labels.shape)}"
         )
+    if weights is not None and (weights.shape != labels.shape or not bool((weights > 0).all())):
+        raise ValueError(f"weights must be [N] and positive, got {tuple(weights.shape)}")
     z = logits.detach().double()
     y = labels.long()
+    w = None if weights is None else weights.double() / weights.double().sum()
 
     def nll(log_t: float) -> float:
-        return float(torch.nn.functional.cross_entropy(z / math.exp(log_t), y))
+        if w is None:
+            return float(torch.nn.functional.cross_entropy(z / math.exp(log_t), y))
+        return float((torch.nn.functional.cross_entropy(z / math.exp(log_t), y, reduction="none") * w).sum())
 
     lo, hi = math.log(_T_MIN), math.log(_T_MAX)
     g = (math.sqrt(5) - 1) / 2

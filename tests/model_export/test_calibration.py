@@ -54,6 +54,28 @@ def test_fitted_temperature_recovers_the_one_that_generated_the_labels() -> None
     assert nll(t) <= min(nll(tt) for tt in grid) + 1e-9
 
 
+def test_weighted_temperature_gives_a_small_group_its_share() -> None:
+    """Two groups drawn at temperatures 1 and 4, the second 20 times smaller: unweighted, the fit follows the
+    big group; with each group half the say (int8.balanced_weights), it lies between; weights of one group
+    alone recover that group's temperature; equal weights are the plain fit; bad weights are refused."""
+    from lara_serve.model_export.pretrained.int8 import balanced_weights
+
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(21000, 5, generator=g) * 3.0
+    temps = torch.cat([torch.full((20000,), 1.0), torch.full((1000,), 4.0)])
+    labels = torch.multinomial(torch.softmax(logits / temps[:, None], -1), 1, generator=g).squeeze(1)
+    plain = fit_temperature(logits, labels)
+    half = fit_temperature(logits, labels, balanced_weights(20000, 1000))
+    assert plain < 1.3 and 1.5 < half < 3.5
+    only_small = fit_temperature(logits, labels, torch.cat([torch.full((20000,), 1e-9), torch.ones(1000)]))
+    assert only_small == pytest.approx(fit_temperature(logits[20000:], labels[20000:]), rel=1e-3)
+    assert fit_temperature(logits, labels, torch.full((21000,), 3.0)) == pytest.approx(plain, rel=1e-9)
+    w = balanced_weights(3, 1, share=0.25)
+    assert torch.allclose(w, torch.tensor([0.25, 0.25, 0.25, 0.25]))
+    with pytest.raises(ValueError, match="weights"):
+        fit_temperature(logits, labels, torch.zeros(21000))
+
+
 def test_temperature_scaling_lowers_the_ece_of_overconfident_logits() -> None:
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(5000, 4, generator=g) * 2.0
