@@ -16,7 +16,8 @@ own files (idempotent: a quantized model dir is exported to float again first):
    scores (the Mahalanobis statistics stay: they describe the float features, and the threshold absorbs the
    int8 shift: on headlines the score rose by a median 5%); the temperature multiplied by the ratio of the
    temperatures fitted on the same holdout items read by each graph (so the build's own calibration set,
-   holdout composites with filler, keeps its say);
+   holdout composites with filler, keeps its say), then by the ratio of the int8 temperature fitted with the
+   holdout's other-source items given SHIFT_SHARE of the say to the one fitted on all items alike;
 5. config.json: calibration, ood, metrics (test split by form, read by the int8 graph, only to report) and
    export.quantization with the int8 graph's agreement with the float one.
 The float weights stay in 1/model.safetensors: the torch backend and `lara train`'s frozen encoder read them.
