@@ -22,7 +22,6 @@ import argparse
 import json
 import random
 from collections.abc import Sequence
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,7 @@ from benchmarks.robustness.perturb import place_filler
 from benchmarks.robustness.runners import OnnxText
 from benchmarks.robustness.stats import wilson
 from lara_serve.model_export.pretrained.classifier import in_holdout
-from lara_serve.model_export.pretrained.robust_head import SELECTION_GENRES, _cut_from, english_prose, man_page_text
+from lara_serve.model_export.pretrained.robust_head import SELECTION_GENRES, _cut_from, english_man_pages, english_prose
 from lara_serve.model_export.training.augment import FillerBank
 from lara_serve.model_export.training.data import load_news
 
@@ -42,17 +41,10 @@ SOURCES = ("belles_lettres", "man_pages", "trainer_bank")
 MAN_PAGES = 600  # English section-1 pages read (every k-th of the sorted list): variety at a bounded start-up
 
 
-@cache
-def english_man_pages(root: Path = Path("/usr/share/man/man1")) -> tuple[str, ...]:
-    paths = sorted(root.glob("*.gz"))
-    texts = [man_page_text(p) for p in paths[:: max(1, len(paths) // MAN_PAGES)]]
-    return tuple(t for t in texts if len(t) > 500)
-
-
 # the held-out prose sources: what gives their texts, and what is missing when there are none
 PROSE = {
     "belles_lettres": (lambda: english_prose(SELECTION_GENRES), "the Brown corpus is not installed (make setup)"),
-    "man_pages": (english_man_pages, "no English manual pages under /usr/share/man/man1"),
+    "man_pages": (lambda: english_man_pages(MAN_PAGES), "no English manual pages under /usr/share/man/man1"),
 }
 
 

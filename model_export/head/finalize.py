@@ -42,7 +42,7 @@ from lara_serve.model_export.head.calibration import (
     reliability_diagram,
 )
 from lara_serve.model_export.models.hub import VERSION, WEIGHTS, load_config, load_pretrained
-from lara_serve.model_export.models.ood import MahalanobisScore, ServingModel, pooled_features, threshold_at
+from lara_serve.model_export.models.ood import MahalanobisScore, ServingModel, penalised, pooled_features, threshold_at
 from lara_serve.model_export.models.ood_input import image_input_scores, text_input_scores
 from lara_serve.model_export.training.long_docs import _collate, length_groups
 from lara_serve.model_export.training.tasks import load_task, text_docs
@@ -183,7 +183,7 @@ def serving_sections(
                           "input": round(float((s_test <= q_s).double().mean()), 4)}  # fmt: skip
 
         def combined(m: Tensor, s: Tensor) -> Tensor:
-            return m.double() / scales[0] + torch.relu((s.double() - q_s) / (q_s - med_s))
+            return penalised(m.double(), s.double(), scales[0], q_s, med_s)
 
         m_val, m_test = combined(m_val, s_val), combined(m_test, s_test)
     threshold = threshold_at(m_val, PASS_RATE)

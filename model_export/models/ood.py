@@ -69,6 +69,15 @@ class OutlierProbe(nn.Module):
         return features.float() @ self.weight + self.bias  # [B]
 
 
+def penalised(
+    feature: Tensor, score: Tensor, q_m: Tensor | float, q_s: Tensor | float, med_s: Tensor | float
+) -> Tensor:
+    """The served combination of the Mahalanobis score with a second score (the input score or the outlier
+    probe): m / q_m + max(0, (s - q_s) / (q_s - median_s)), q the 95% holdout quantiles: the feature score alone
+    until the second score passes its own holdout quantile (research/ood_combination.py chose the rule)."""
+    return feature / q_m + torch.relu((score - q_s) / (q_s - med_s))
+
+
 def threshold_at(scores: Tensor, pass_rate: float = 0.95) -> float:
     """The score at or below which `pass_rate` of these (in-distribution holdout) items fall."""
     if not 0.0 < pass_rate <= 1.0 or len(scores) == 0:
@@ -186,12 +195,10 @@ class ServingModel(nn.Module):
 
     def combine(self, feature_score: Tensor, input_score: Tensor | None, probe_score: Tensor | None = None) -> Tensor:
         if probe_score is not None and self.probe_scales is not None:
-            q_m, q_g, med_g = self.probe_scales[0], self.probe_scales[1], self.probe_scales[2]
-            return feature_score / q_m + torch.relu((probe_score - q_g) / (q_g - med_g))
+            return penalised(feature_score, probe_score, *self.probe_scales)
         if input_score is None or self.ood_scales is None:
             return feature_score
-        q_m, q_s, med_s = self.ood_scales[0], self.ood_scales[1], self.ood_scales[2]
-        return feature_score / q_m + torch.relu((input_score - q_s) / (q_s - med_s))
+        return penalised(feature_score, input_score, *self.ood_scales)
 
 
 class TextServingModel(ServingModel):

@@ -45,7 +45,6 @@ from lara_serve.model_export.models.bert_lara import LaraBertClassifier
 from lara_serve.model_export.models.config import AttentionConfig, BertTextConfig
 from lara_serve.model_export.models.hub import (
     TOKENIZER_FILE,
-    load_config,
     load_pretrained,
     make_config_dict,
     save_pretrained,
@@ -65,6 +64,7 @@ from lara_serve.model_export.pretrained.student import (
     StudentConfig,
     load_student,
     merge_adapters,
+    model_student_config,
     student_from_teacher,
 )
 from lara_serve.model_export.pretrained.teacher import WordPieces, load_teacher, pad_pieces, teacher_dir
@@ -107,10 +107,7 @@ def load_encoder(source: Path, teacher: BertEncoder) -> tuple[BertEncoder, Stude
     built (config.json + 1/model.safetensors: the same encoder, folded and rounded to float16, which rounding
     again leaves as it is), so a head can be rebuilt from what is shipped when the run folder is gone."""
     if (source / "config.json").is_file():
-        training = load_config(source).get("training", {})
-        if "student" not in training:
-            raise ValueError(f"{source}: config.json records no converted student (training.student)")
-        scfg = StudentConfig.from_dict(training["student"])
+        scfg, training = model_student_config(source)
         encoder = merge_adapters(student_from_teacher(teacher, scfg))
         encoder.load_state_dict(load_pretrained(source).encoder.state_dict(), strict=True)
         return encoder.eval(), scfg, str(training.get("transfer_run", source))

@@ -43,7 +43,7 @@ from torch import Tensor
 
 from lara_serve.model_export.head.finalize import PASS_RATE
 from lara_serve.model_export.models.hub import VERSION, load_config, load_pretrained
-from lara_serve.model_export.models.ood import MahalanobisScore, OutlierProbe, ServingModel, threshold_at
+from lara_serve.model_export.models.ood import MahalanobisScore, OutlierProbe, ServingModel, penalised, threshold_at
 from lara_serve.model_export.pretrained.classifier import in_holdout, save_half, with_forms
 from lara_serve.model_export.pretrained.corpus import spam_bodies
 from lara_serve.model_export.pretrained.robust_head import (
@@ -51,7 +51,7 @@ from lara_serve.model_export.pretrained.robust_head import (
     SELECTION_GENRES,
     TokenSet,
     cached,
-    man_page_text,
+    english_man_pages,
     token_states,
 )
 from lara_serve.model_export.pretrained.teacher import WordPieces
@@ -94,12 +94,6 @@ def brown_texts(letters: str) -> list[str]:
         return []
 
 
-def man_pages(root: Path = Path("/usr/share/man/man1")) -> list[str]:
-    paths = sorted(root.glob("*.gz"))
-    texts = [man_page_text(p) for p in paths[:: max(1, len(paths) // MAN_PAGES)]]
-    return [t for t in texts if len(t) > 500]
-
-
 def spam_train() -> list[str]:
     try:
         return spam_bodies("train")[:SPAM_BODIES]
@@ -112,7 +106,7 @@ TRAIN_SOURCES: dict[str, tuple[Callable[[], list[str]], int]] = {
     "spam_bodies": (spam_train, 1),
 }
 SELECTION_SOURCES: dict[str, tuple[Callable[[], list[str]], int]] = {
-    "man_pages": (man_pages, 1),
+    "man_pages": (lambda: list(english_man_pages(MAN_PAGES)), 1),
     "brown_belles_lettres": (lambda: brown_texts(SELECTION_GENRES), 1),
     "brown_government": (lambda: brown_texts("h"), 2),
     "brown_fiction": (lambda: brown_texts("klmnpr"), 1),
@@ -162,8 +156,7 @@ def auroc(inside: np.ndarray, outside: np.ndarray) -> float:
 
 def combined(m: Tensor, g: Tensor, scales: tuple[float, float, float]) -> Tensor:
     """models.ood.ServingModel.combine's rule for a probe, in float64."""
-    q_m, q_g, med_g = scales
-    return m.double() / q_m + torch.relu((g.double() - q_g) / (q_g - med_g))
+    return penalised(m.double(), g.double(), *scales)
 
 
 def select(ood: MahalanobisScore, fit: Tensor, val: tuple[Tensor, list[str]], train_neg: dict[str, Tensor], sel_neg: dict[str, Tensor]) -> dict[str, Any]:  # fmt: skip

@@ -301,6 +301,15 @@ def translated_man_pages(root: Path = Path("/usr/share/man"), per_language: int 
     return tuple(out)
 
 
+@cache
+def english_man_pages(count: int, root: Path = Path("/usr/share/man/man1")) -> tuple[str, ...]:
+    """About `count` English section-1 manual pages (every k-th of the sorted list: variety at a bounded
+    start-up), troff removed, those of more than 500 characters. Empty where none is installed."""
+    paths = sorted(root.glob("*.gz"))
+    texts = [man_page_text(p) for p in paths[:: max(1, len(paths) // count)]]
+    return tuple(t for t in texts if len(t) > 500)
+
+
 def man_page_text(path: Path) -> str:
     """A gzipped manual page's text, troff requests and escapes removed ("" when it cannot be read)."""
     import gzip

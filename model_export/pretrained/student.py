@@ -131,15 +131,23 @@ def unmerge_adapters(teacher: BertEncoder, cfg: StudentConfig, folded: dict[str,
     return student, worst
 
 
-def student_from_model(model_dir: Path, teacher: BertEncoder) -> tuple[BertEncoder, StudentConfig, float]:
-    """The trainable student inside a model directory built by `classifier` (config.json training.student),
-    so training can go on from what is shipped when the transfer run is gone; see unmerge_adapters."""
-    from lara_serve.model_export.models.hub import load_config, load_pretrained
+def model_student_config(model_dir: Path) -> tuple[StudentConfig, dict]:
+    """The StudentConfig a model directory built by `classifier` records (config.json training.student), and
+    that training section."""
+    from lara_serve.model_export.models.hub import load_config
 
     training = load_config(model_dir).get("training", {})
     if "student" not in training:
         raise ValueError(f"{model_dir}: config.json records no converted student (training.student)")
-    cfg = StudentConfig.from_dict(training["student"])
+    return StudentConfig.from_dict(training["student"]), training
+
+
+def student_from_model(model_dir: Path, teacher: BertEncoder) -> tuple[BertEncoder, StudentConfig, float]:
+    """The trainable student inside a model directory built by `classifier`, so training can go on from what
+    is shipped when the transfer run is gone; see unmerge_adapters."""
+    from lara_serve.model_export.models.hub import load_pretrained
+
+    cfg, _ = model_student_config(model_dir)
     folded = load_pretrained(model_dir).encoder.state_dict()
     student, residual = unmerge_adapters(teacher, cfg, folded)
     return student, cfg, residual
