@@ -195,10 +195,13 @@ class ServingModel(nn.Module):
 
     def combine(self, feature_score: Tensor, input_score: Tensor | None, probe_score: Tensor | None = None) -> Tensor:
         if probe_score is not None and self.probe_scales is not None:
-            return penalised(feature_score, probe_score, *self.probe_scales)
+            # explicit indexing, not unpacking: unpacking traces as another op and renames the exported nodes
+            scales = self.probe_scales
+            return penalised(feature_score, probe_score, scales[0], scales[1], scales[2])
         if input_score is None or self.ood_scales is None:
             return feature_score
-        return penalised(feature_score, input_score, *self.ood_scales)
+        scales = self.ood_scales
+        return penalised(feature_score, input_score, scales[0], scales[1], scales[2])
 
 
 class TextServingModel(ServingModel):
