@@ -168,12 +168,17 @@ class BertEncoder(nn.Module):
         self.embeddings = Embeddings(cfg)
         self.layers = nn.ModuleList(Layer(cfg, make(i)) for i in range(cfg.depth))
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, all_layers: bool = False) -> Tensor:
+        """all_layers: [B, N, (depth + 1) * D], the embeddings' output and every layer's, concatenated in order
+        (the last D columns are the last hidden state)."""
         pad = attention_mask == 0  # [B, N] True = padding, the kernels' convention
         x = self.embeddings(input_ids, pad)
+        states = [x] if all_layers else []
         for layer in self.layers:
             x = layer(x, pad)
-        return x  # [B, N, D]
+            if all_layers:
+                states.append(x)
+        return torch.cat(states, -1) if all_layers else x  # [B, N, D] or [B, N, (depth + 1) * D]
 
     def attention_io(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[list[Tensor], list[Tensor]]:
         """Each layer's input and its attention sublayer's output ([B, N, D] each): the targets of transfer."""

@@ -233,6 +233,21 @@ class AttentionPool(nn.Module):
         return nn.functional.normalize((w.unsqueeze(1) @ x).squeeze(1), p=2, dim=-1)  # [B, D]
 
 
+def layer_means(x: Tensor, attention_mask: Tensor, blocks: int) -> Tensor:
+    """x [B, N, blocks * D] (BertEncoder's all_layers) -> [B, blocks * D]: each block's unit-length masked mean
+    (mean_pool), concatenated and scaled by 1/sqrt(blocks) to unit length.
+
+    Why: a head on the last layer's mean alone reads context, not words; frozen, it trailed a tf-idf model by 11
+    points on messages in ~100 languages, where the label is in the words. The embeddings' output (a bag of
+    word pieces) and the middle layers give the head those words back: on `lara train`'s holdouts, subject lines
+    83.8 -> 88.1%, messages 79.4 -> 87.5%, e-mails 91 -> 91%, speeches 14 of 14 both
+    (research/frozen_layer_means.py)."""
+    b, n, width = x.shape
+    m = attention_mask.unsqueeze(-1).to(x.dtype)  # [B, N, 1]
+    mean = ((x * m).sum(1) / m.sum(1).clamp_min(1e-9)).reshape(b, blocks, width // blocks)  # as mean_pool
+    return (nn.functional.normalize(mean, p=2, dim=-1) / blocks**0.5).reshape(b, width)  # [B, blocks * D]
+
+
 def window_layout(
     input_ids: Tensor, attention_mask: Tensor, window: int, cls_id: int, sep_id: int, pad_id: int = 0
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -311,16 +326,24 @@ class LaraBertClassifier(nn.Module):
         self.encoder = build_student(bert_shape(cfg), student_config(cfg, seed))
         table = torch.zeros(cfg.max_positions, cfg.dim)  # filled by load_state_dict
         self.encoder.embeddings.positions = ExtendedPositions(table, "periodic", cfg.max_positions)
-        self.head = nn.Linear(cfg.dim, cfg.num_classes)
+        self.head = nn.Linear(cfg.dim * self.blocks, cfg.num_classes)
         self.pool = AttentionPool(cfg.dim) if cfg.readout == "attention" else None
         self.tfidf = PieceTfidfHead.for_config(cfg, cfg.tfidf_buckets) if cfg.tfidf_buckets else None
 
+    @property
+    def blocks(self) -> int:
+        """How many hidden states forward_features concatenates: every one (embeddings + each layer) for readout
+        "layers", else the last."""
+        return self.cfg.depth + 1 if self.cfg.readout == "layers" else 1
+
     def forward_features(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        """[B, N, D], or with a window [B, J*(W+2), D]: every window's vectors, the rows `read_mask` names."""
+        """[B, N, D], or with a window [B, J*(W+2), D]: every window's vectors, the rows `read_mask` names.
+        Readout "layers": blocks * D columns, the last D the last hidden state."""
+        layers = self.blocks > 1
         if not self.cfg.window:
-            return self.encoder(input_ids, attention_mask)  # [B, N, D]
+            return self.encoder(input_ids, attention_mask, all_layers=layers)  # [B, N, blocks * D]
         ids, mask, _ = self.layout(input_ids, attention_mask)
-        return self.encoder(ids, mask).reshape(input_ids.shape[0], -1, self.cfg.dim)
+        return self.encoder(ids, mask, all_layers=layers).reshape(input_ids.shape[0], -1, self.cfg.dim * self.blocks)
 
     def layout(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         c = self.cfg
@@ -332,15 +355,27 @@ class LaraBertClassifier(nn.Module):
             return attention_mask
         return self.layout(torch.zeros_like(attention_mask), attention_mask)[2]  # depends on the mask only
 
+    def last_state(self, x: Tensor) -> Tensor:
+        """forward_features' x -> the last hidden state [B, N, D] (x itself unless readout "layers": no Slice
+        in the other graphs, which stay as they were exported)."""
+        return x if self.blocks == 1 else x[..., -self.cfg.dim :]
+
     def forward_pooled(self, x: Tensor, attention_mask: Tensor) -> Tensor:
-        return mean_pool(x, self.read_mask(attention_mask))  # [B, D], unit length
+        return mean_pool(self.last_state(x), self.read_mask(attention_mask))  # [B, D], unit length
+
+    def head_features(self, x: Tensor, rows: Tensor) -> Tensor:
+        """What the head reads, from forward_features' x and the rows it pools: the last hidden state's mean, its
+        attention pool, or every block's mean (layer_means)."""
+        if self.blocks > 1:
+            return layer_means(x, rows, self.blocks)  # [B, blocks * D]
+        return mean_pool(x, rows) if self.pool is None else self.pool(x, rows)  # [B, D]
 
     def forward_readout(self, x: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
-        """(logits [B, C], the masked mean [B, D]): the ood score reads the mean, which counts every piece (a
-        document that is mostly not news should look so), the head reads the attention pool when there is one."""
+        """(logits [B, C], the last hidden state's masked mean [B, D]): the ood score reads the mean, which counts
+        every piece (a document that is mostly not news should look so), the head reads head_features."""
         rows = self.read_mask(attention_mask)  # once: with windows it is a small graph of its own
-        pooled = mean_pool(x, rows)  # as forward_pooled
-        read = pooled if self.pool is None else self.pool(x, rows)
+        pooled = mean_pool(self.last_state(x), rows)  # as forward_pooled
+        read = pooled if self.blocks == 1 and self.pool is None else self.head_features(x, rows)
         return self.head(read), pooled  # [B, C], [B, D]
 
     def forward_wide(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:

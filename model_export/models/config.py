@@ -126,8 +126,10 @@ class TextConfig:
 class BertTextConfig:
     """A pretrained word-piece BERT read through LARA in every layer (lara_serve.model_export.models.bert_lara):
     its shape (all-MiniLM-L6-v2's by default), the conversion's settings, and a linear head on the unit-length
-    masked-mean embedding (readout "mean") or on a learned attention pool over the tokens (readout
-    "attention": filler around an article cannot dilute it; bert_lara.AttentionPool). The server tokenizes
+    masked-mean embedding (readout "mean"), on a learned attention pool over the tokens (readout
+    "attention": filler around an article cannot dilute it; bert_lara.AttentionPool), or on the unit-length means
+    of the embeddings' output and of every layer's, concatenated (readout "layers": a frozen encoder's head sees
+    the word pieces themselves as well as their context; bert_lara.layer_means). The server tokenizes
     with the model folder's tokenizer.json (preprocessing kind "wordpiece"); max_length counts word pieces,
     [CLS] and [SEP] included."""
 
@@ -144,7 +146,7 @@ class BertTextConfig:
     # the student's landmark module (StudentConfig.landmark_module): "residual" is not one of AttentionConfig's
     landmark_module: Literal["none", "residual", "light"] = "residual"
     num_classes: int = 5
-    readout: Literal["mean", "attention"] = "mean"
+    readout: Literal["mean", "attention", "layers"] = "mean"
     # 0: the document is read whole, one pass. W > 0: its pieces are read in windows of W, each window alone
     # as [CLS] + W pieces + [SEP] (W = 510 is the teacher's own 512), the readout over every window's vectors:
     # text around an article can no longer mix into the article's vectors (bert_lara.window_layout).
@@ -164,7 +166,7 @@ class BertTextConfig:
 
     def __post_init__(self) -> None:
         _one_of("landmark_module", self.landmark_module, ("none", "residual", "light"))
-        _one_of("readout", self.readout, ("mean", "attention"))
+        _one_of("readout", self.readout, ("mean", "attention", "layers"))
         if self.window < 0 or self.window == 1:
             raise ValueError(f"window must be 0 (whole documents) or at least 2 pieces, got {self.window}")
         if self.min_pieces < 0:

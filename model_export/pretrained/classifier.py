@@ -158,13 +158,15 @@ def with_forms(texts: Sequence[str], labels: Sequence[int], seed: int) -> tuple[
     return out_t, out_y, out_f
 
 
-def fit_head(f_fit: Tensor, y_fit: Tensor, f_val: Tensor, y_val: Tensor) -> tuple[Tensor, Tensor, dict[str, Any]]:
-    """Logistic regression on the features; C by holdout log-loss. -> (weight [C, D], bias [C], notes)."""
+def fit_head(
+    f_fit: Tensor, y_fit: Tensor, f_val: Tensor, y_val: Tensor, grid: Sequence[float] = C_GRID
+) -> tuple[Tensor, Tensor, dict[str, Any]]:
+    """Logistic regression on the features; C (of grid) by holdout log-loss. -> (weight [C, D], bias [C], notes)."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import log_loss
 
     scores = {}
-    for c in C_GRID:
+    for c in grid:
         clf = LogisticRegression(C=c, max_iter=5000).fit(f_fit.numpy(), y_fit.numpy())
         scores[c] = (log_loss(y_val.numpy(), clf.predict_proba(f_val.numpy()), labels=clf.classes_), clf)
     best = min(scores, key=lambda c: scores[c][0])

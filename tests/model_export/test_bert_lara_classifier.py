@@ -31,8 +31,11 @@ TINY_WIN = dataclasses.replace(TINY_POOL, window=14, cls_id=2, sep_id=3)  # wind
 TINY_WIDE = dataclasses.replace(TINY_WIN, tfidf_buckets=64)  # with a word-piece wide path (lara train --init)
 # landmarks of 4 tokens at least (lara-news-minilm's rule since 2026-12-05): every text here is under 8 x 4 pieces
 TINY_MC = dataclasses.replace(TINY_WIN, attention=dataclasses.replace(TINY.attention, min_chunk=4))
+TINY_LAYERS = dataclasses.replace(TINY, readout="layers", tfidf_buckets=64)  # lara train --init's frozen readout
 CONFIGS = pytest.mark.parametrize(
-    "cfg", [TINY, TINY_POOL, TINY_WIN, TINY_WIDE, TINY_MC], ids=["mean", "attention", "windows", "wide", "min_chunk"]
+    "cfg",
+    [TINY, TINY_POOL, TINY_WIN, TINY_WIDE, TINY_MC, TINY_LAYERS],
+    ids=["mean", "attention", "windows", "wide", "min_chunk", "layers"],
 )
 ARTICLE = "Shares rose on Monday\n\nThe market closed higher. Traders said demand was strong.\n\nMore later."
 
@@ -97,6 +100,32 @@ def test_min_chunk_is_kept_by_the_folder_and_changes_short_texts_only(tmp_path: 
     wide_plain.load_state_dict(wide.state_dict())
     long = torch.cat([torch.tensor([2]), torch.randint(4, 300, (38,), generator=g), torch.tensor([3])])[None]
     torch.testing.assert_close(wide(long, torch.ones_like(long)), wide_plain(long, torch.ones_like(long)))
+
+
+def test_layers_readout_against_each_hidden_state_in_float64() -> None:
+    """Readout "layers": the head reads each hidden state's unit mean (the embeddings' output, then each layer's),
+    concatenated at unit length; the ood score still reads the last layer's mean. Checked against the encoder's
+    own layers run one by one, in float64, on a padded batch."""
+    model = tiny_model(cfg=dataclasses.replace(TINY, readout="layers")).double()
+    enc = model.encoder
+    assert model.head.in_features == TINY.dim * (TINY.depth + 1)
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(4, 300, (2, 50), generator=g)
+    mask = torch.ones(2, 50, dtype=torch.long)
+    mask[1, 30:] = 0
+    with torch.no_grad():
+        logits, pooled = model.forward_readout(model.forward_features(ids, mask), mask)
+        for row, n in ((0, 50), (1, 30)):
+            pad = torch.zeros(1, n, dtype=torch.bool)
+            h = enc.embeddings(ids[row : row + 1, :n], pad)
+            means = [h[0].mean(0)]
+            for layer in enc.layers:
+                h = layer(h, pad)
+                means.append(h[0].mean(0))
+            want = torch.cat([m / m.norm() for m in means]) / (TINY.depth + 1) ** 0.5
+            torch.testing.assert_close(want.norm(), torch.tensor(1.0, dtype=torch.float64))
+            torch.testing.assert_close(logits[row], model.head(want), rtol=0, atol=1e-10)
+            torch.testing.assert_close(pooled[row], means[-1] / means[-1].norm(), rtol=0, atol=1e-10)
 
 
 def test_window_layout_by_hand() -> None:

@@ -90,7 +90,7 @@ def _ids(folder: Path, text: str, max_pieces: int) -> dict[str, torch.Tensor]:
 def test_the_folder_is_a_word_piece_model_with_the_frozen_encoder(work: Path) -> None:
     out = work / "repo" / "news"
     conf = json.loads((out / "config.json").read_text())
-    assert conf["model"]["arch"] == "bert_lara" and conf["model"]["readout"] == "mean"
+    assert conf["model"]["arch"] == "bert_lara" and conf["model"]["readout"] == "layers"
     assert conf["model"]["num_classes"] == 3 and conf["labels"] == ["money", "sport", "tech"]
     assert conf["preprocessing"] == {"kind": "wordpiece", "max_length": MAX_PIECES, "pad_id": 0,
                                      "tokenizer": "tokenizer.json", "truncate": "head"}  # fmt: skip
@@ -103,10 +103,12 @@ def test_the_folder_is_a_word_piece_model_with_the_frozen_encoder(work: Path) ->
     )
     encoder = [k for k in init if k.startswith("encoder.")]
     assert encoder and all(torch.equal(mine[k].float(), init[k].float()) for k in encoder)
-    assert mine["head.weight"].shape == (3, TINY.dim) and "serving.ood_whiten" in mine
+    # the head reads every hidden state's mean (embeddings + each layer); the ood score the last one's
+    assert mine["head.weight"].shape == (3, TINY.dim * (TINY.depth + 1)) and "serving.ood_whiten" in mine
+    assert mine["serving.ood_whiten"].shape[-1] == TINY.dim
     training = conf["training"]
     assert training["init"] == str(work / "tiny-wp") and training["augment"] is False
-    assert training["schedule"].startswith("none") and training["head"]["C"] in (1.0, 3.0, 10.0, 30.0, 100.0)
+    assert training["schedule"].startswith("none") and training["head"]["C"] in pretrained_init.LAYERS_C_GRID
     assert training["pieces"]["longer_than_max_length"]["train"] > 0  # 8-80 words, read up to 64 pieces
     assert set(training["phases_s"]) >= {"probe", "wide", "baseline", "embedding", "head", "serving head", "export"}
     assert training["budget_plan_s"]["seconds_per_piece"] > 0 and training["run_s"] <= 600
@@ -188,7 +190,7 @@ def test_the_shipped_name_resolves_to_its_frozen_encoder(tmp_path: Path) -> None
     prep = prepare(_args([*argv, "--init", "lara-news-minilm"]))
     assert isinstance(prep, pretrained_init.Frozen) and prep.init == SHIPPED / "lara-news-minilm"
     shipped = load_pretrained(SHIPPED / "lara-news-minilm")
-    assert prep.cfg == dataclasses.replace(shipped.cfg, num_classes=3, readout="mean", window=0)
+    assert prep.cfg == dataclasses.replace(shipped.cfg, num_classes=3, readout="layers", window=0)
     assert all(torch.equal(a, b) for a, b in zip(prep.model.encoder.state_dict().values(),
                                                    shipped.encoder.state_dict().values(), strict=True))  # fmt: skip
     assert not any(p.requires_grad for p in prep.model.parameters()) and not (tmp_path / "m").exists()
