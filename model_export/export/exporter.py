@@ -45,7 +45,11 @@ from lara_serve.model_export.models.layers import Attention
 
 OPSET = 20  # the exporter's default and the opset of the LaraAttention function body
 ONNX_FILE = "model.onnx"
-PARITY_ATOL = 1e-4  # max |onnxruntime - eager| on logits accepted at export
+# max |onnxruntime - eager| on logits accepted at export, for logits up to 1 in size; above, relative to the
+# largest: float32 rounding in the features reaches the logits multiplied by the head's weights, and a head
+# fitted with little regularization (`lara train`'s frozen encoder: C up to 1,000 on 2,688 layer means) gives
+# logits of tens, where 1e-4 is 1e-6 relative, float32's own rounding of a 2,688-term sum.
+PARITY_ATOL = 1e-4
 # ood_score is a squared distance (order 1e1-1e3) through a 128x128 whitening, which amplifies the ~1e-6
 # float32 differences of the features along its narrow directions: 1.1e-4 relative was seen on a random
 # tiny model at 4-8 KB. 1e-3 relative still catches a wrong graph (a wrong mean or mask moves it by >10%).
@@ -247,11 +251,23 @@ def measure_parity(
         if case.seq is not None:
             row["seq"] = case.seq
         row["max_abs_diff"] = float(np.abs(got[0] - refs[0]).max())
+        row["logit_scale"] = float(max(np.abs(refs[0]).max(), 1.0))  # what the tolerance scales with (parity_ok)
         row["argmax_equal"] = bool((got[0].argmax(-1) == refs[0].argmax(-1)).all())
         if len(refs) > 1:  # the ood score: a squared distance of order 1e2, compared relative to its size
             row["ood_max_rel_diff"] = float((np.abs(got[1] - refs[1]) / np.maximum(np.abs(refs[1]), 1.0)).max())
         rows.append(row)
     return rows
+
+
+def parity_ok(rows: list[dict[str, Any]]) -> bool:
+    """Every case's logits within PARITY_ATOL x max(1, its largest |logit|), its ood score within OOD_PARITY_RTOL,
+    and every argmax equal."""
+    return all(
+        r["max_abs_diff"] <= PARITY_ATOL * r.get("logit_scale", 1.0)
+        and r.get("ood_max_rel_diff", 0.0) <= OOD_PARITY_RTOL
+        and r["argmax_equal"]
+        for r in rows
+    )
 
 
 def _versions() -> dict[str, str]:
@@ -293,9 +309,8 @@ def export_model_dir(
     proto = export_onnx(model, cfg, path, max_length=max_length)
     parity = measure_parity(model, cfg, make_session(path))
     worst = max(r["max_abs_diff"] for r in parity)
-    ood_worst = max((r.get("ood_max_rel_diff", 0.0) for r in parity), default=0.0)
-    if worst > PARITY_ATOL or ood_worst > OOD_PARITY_RTOL or not all(r["argmax_equal"] for r in parity):
-        raise ExportError(f"onnxruntime vs PyTorch parity failed (tolerance {PARITY_ATOL}): {parity}")
+    if not parity_ok(parity):
+        raise ExportError(f"onnxruntime vs PyTorch parity failed (tolerance {PARITY_ATOL} x max(1, |logit|)): {parity}")
     section: dict[str, Any] = {
         "format": "onnx",
         "file": f"{VERSION}/{ONNX_FILE}",
@@ -311,6 +326,7 @@ def export_model_dir(
         "parity": {
             "reference": "pytorch eager (fp32, CPU)",
             "atol": PARITY_ATOL,
+            "relative_above": 1.0,  # logits larger than 1: the tolerance is atol x the largest |logit|
             "max_abs_diff": worst,
             "cases": parity,
         },

@@ -277,6 +277,18 @@ def test_export_is_deterministic(artifact, tmp_path):
     assert again.read_bytes() == artifact.path.read_bytes()
 
 
+def test_parity_tolerance_is_absolute_for_small_logits_and_relative_for_large_ones():
+    """1e-4 absolute up to |logit| 1; above, 1e-4 of the largest |logit| (a large head multiplies float32's
+    rounding in the features); the ood score relative, and every argmax equal, as before."""
+    row = {"max_abs_diff": 5e-4, "logit_scale": 1.0, "ood_max_rel_diff": 0.0, "argmax_equal": True}
+    assert not ex.parity_ok([row])
+    assert ex.parity_ok([{**row, "logit_scale": 10.0}])  # 5e-5 relative to logits of 10
+    assert not ex.parity_ok([{**row, "logit_scale": 4.0}])  # 1.25e-4 relative
+    assert not ex.parity_ok([{**row, "logit_scale": 10.0, "argmax_equal": False}])
+    assert not ex.parity_ok([{**row, "logit_scale": 10.0, "ood_max_rel_diff": 2e-3}])
+    assert ex.parity_ok([{"max_abs_diff": 5e-5, "argmax_equal": True}])  # a row without a scale: absolute
+
+
 @pytest.mark.parametrize("kind", ["performer", "softmax"])
 def test_baselines_export_with_standard_ops(tmp_path, kind):
     model = create_model("tiny-text", attention=kind).eval()
