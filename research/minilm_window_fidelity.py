@@ -32,7 +32,7 @@ WINDOW = 510
 
 def reader(base: LaraBertClassifier, window: int) -> LaraBertClassifier:
     """The shipped encoder read whole (window 0) or in windows, to the masked mean (forward_pooled)."""
-    cfg = dataclasses.replace(base.cfg, readout="mean", window=window)
+    cfg = dataclasses.replace(base.cfg, readout="mean", window=window, window_gate=0.0)
     model = LaraBertClassifier(cfg)
     model.encoder.load_state_dict(base.encoder.state_dict(), strict=True)
     return model.eval()

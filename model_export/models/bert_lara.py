@@ -226,11 +226,40 @@ class AttentionPool(nn.Module):
         nn.init.zeros_(self.score.weight)
         nn.init.zeros_(self.score.bias)
 
-    def forward(self, x: Tensor, attention_mask: Tensor) -> Tensor:
+    def forward(self, x: Tensor, attention_mask: Tensor, bias: Tensor | None = None) -> Tensor:
         s = self.score(x).squeeze(-1)  # [B, N]
+        if bias is not None:  # [B, N], e.g. WindowGate's
+            s = s + bias
         s = s.masked_fill(attention_mask == 0, torch.finfo(s.dtype).min)
         w = torch.softmax(s, -1)  # [B, N]; padding gets exactly 0
         return nn.functional.normalize((w.unsqueeze(1) @ x).squeeze(1), p=2, dim=-1)  # [B, D]
+
+
+class WindowGate(nn.Module):
+    """Each window's say in the attention pool, from an outlier probe on its mean vector: bias [B, J*(W+2)] =
+    strength x log sigmoid(-g_j) on every slot of window j, g_j = weight . unit_mean(window j) + bias (the
+    serving head's OutlierProbe: high for text unlike the training data). A news window (g << 0) keeps its
+    weight, a window of documentation prose (g >> 0) loses about strength x g of log-weight.
+
+    Why: the pool scores each piece alone, so 20 KB of English prose around an article still outvotes it
+    (robustness suite: 70-75% right); the probe tells such prose from news on a whole window. Softmax ignores a
+    constant, so a text of one window reads exactly as without the gate. Measured on the holdout, not shipped
+    yet: it costs forms whose wrapper fills a window (research/minilm_window_gate.py)."""
+
+    def __init__(self, dim: int, strength: float) -> None:
+        super().__init__()
+        self.strength = strength
+        self.register_buffer("weight", torch.zeros(dim))  # [D], the probe's (filled by load_state_dict)
+        self.register_buffer("bias", torch.zeros(1))  # [1]
+
+    def forward(self, x: Tensor, rows: Tensor, per: int) -> Tensor:
+        """x [B, J*per, D] every window's vectors, rows [B, J*per] the read mask -> bias [B, J*per]."""
+        b, n, d = x.shape
+        xw, m = x.reshape(b, -1, per, d), rows.reshape(b, -1, per, 1).to(x.dtype)  # [B, J, per, D], [B, J, per, 1]
+        mean = nn.functional.normalize((xw * m).sum(2) / m.sum(2).clamp_min(1e-9), p=2, dim=-1)  # [B, J, D]
+        g = mean @ self.weight + self.bias  # [B, J]
+        gate = self.strength * nn.functional.logsigmoid(-g)  # [B, J], <= 0
+        return gate.unsqueeze(-1).expand(-1, -1, per).reshape(b, n)
 
 
 def layer_means(x: Tensor, attention_mask: Tensor, blocks: int) -> Tensor:
@@ -328,6 +357,7 @@ class LaraBertClassifier(nn.Module):
         self.encoder.embeddings.positions = ExtendedPositions(table, "periodic", cfg.max_positions)
         self.head = nn.Linear(cfg.dim * self.blocks, cfg.num_classes)
         self.pool = AttentionPool(cfg.dim) if cfg.readout == "attention" else None
+        self.gate = WindowGate(cfg.dim, cfg.window_gate) if cfg.window_gate > 0 else None
         self.tfidf = PieceTfidfHead.for_config(cfg, cfg.tfidf_buckets) if cfg.tfidf_buckets else None
 
     @property
@@ -363,19 +393,29 @@ class LaraBertClassifier(nn.Module):
     def forward_pooled(self, x: Tensor, attention_mask: Tensor) -> Tensor:
         return mean_pool(self.last_state(x), self.read_mask(attention_mask))  # [B, D], unit length
 
-    def head_features(self, x: Tensor, rows: Tensor) -> Tensor:
+    def head_features(self, x: Tensor, rows: Tensor, bias: Tensor | None = None) -> Tensor:
         """What the head reads, from forward_features' x and the rows it pools: the last hidden state's mean, its
-        attention pool, or every block's mean (layer_means)."""
+        attention pool (plus window_bias's bias), or every block's mean (layer_means)."""
         if self.blocks > 1:
             return layer_means(x, rows, self.blocks)  # [B, blocks * D]
-        return mean_pool(x, rows) if self.pool is None else self.pool(x, rows)  # [B, D]
+        return mean_pool(x, rows) if self.pool is None else self.pool(x, rows, bias)  # [B, D]
+
+    def window_bias(self, x: Tensor, rows: Tensor, attention_mask: Tensor) -> Tensor | None:
+        """The WindowGate's pool bias [B, J*(W+2)], or None without a gate. W = min(window, N), as window_layout
+        cuts the input [B, N] (sym_min: the export's sequence axis stays symbolic)."""
+        if self.gate is None:
+            return None
+        return self.gate(x, rows, torch.sym_min(self.cfg.window, attention_mask.shape[1]) + 2)
 
     def forward_readout(self, x: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
         """(logits [B, C], the last hidden state's masked mean [B, D]): the ood score reads the mean, which counts
         every piece (a document that is mostly not news should look so), the head reads head_features."""
         rows = self.read_mask(attention_mask)  # once: with windows it is a small graph of its own
         pooled = mean_pool(self.last_state(x), rows)  # as forward_pooled
-        read = pooled if self.blocks == 1 and self.pool is None else self.head_features(x, rows)
+        if self.blocks == 1 and self.pool is None:
+            read = pooled
+        else:
+            read = self.head_features(x, rows, self.window_bias(x, rows, attention_mask))
         return self.head(read), pooled  # [B, C], [B, D]
 
     def forward_wide(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:

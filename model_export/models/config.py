@@ -151,6 +151,10 @@ class BertTextConfig:
     # as [CLS] + W pieces + [SEP] (W = 510 is the teacher's own 512), the readout over every window's vectors:
     # text around an article can no longer mix into the article's vectors (bert_lara.window_layout).
     window: int = 0
+    # > 0 (with windows and the attention pool): every piece of window j gets window_gate x log sigmoid(-g_j)
+    # added to its pool score, g_j an outlier probe's logit on window j's mean (bert_lara.WindowGate): windows
+    # of text unlike the training data (documentation prose around an article) lose their say; 0: none
+    window_gate: float = 0.0
     cls_id: int = 101  # the tokenizer's [CLS] and [SEP]: what each window is wrapped in
     sep_id: int = 102
     # > 0: a wide path beside the encoder, a linear head over the document's hashed word-piece 1-2-gram tf-idf
@@ -169,6 +173,9 @@ class BertTextConfig:
         _one_of("readout", self.readout, ("mean", "attention", "layers"))
         if self.window < 0 or self.window == 1:
             raise ValueError(f"window must be 0 (whole documents) or at least 2 pieces, got {self.window}")
+        if self.window_gate < 0 or (self.window_gate and not (self.window and self.readout == "attention")):
+            raise ValueError(f"window_gate must be 0, or > 0 with a window and readout 'attention', got "
+                             f"{self.window_gate} (window {self.window}, readout {self.readout!r})")  # fmt: skip
         if self.min_pieces < 0:
             raise ValueError(f"min_pieces must be 0 (none) or a number of pieces, got {self.min_pieces}")
         if self.attention.kind != "lara":

@@ -160,9 +160,9 @@ def prepare(args: argparse.Namespace, d: Any) -> Frozen:
     if not (init / TOKENIZER_FILE).is_file():
         raise UsageError(f"--init {args.init}: a word-piece model needs its {TOKENIZER_FILE} in {init}")
     base = load_pretrained(init)
-    # read whole to the layers' means, as `embed` reads for the head: the --init model's windows and pool are its own
-    # head's readout (fitted on news with filler), not this one's
-    cfg = dataclasses.replace(base.cfg, num_classes=len(d.names), readout=READOUT, window=0,
+    # read whole to the layers' means, as `embed` reads for the head: the --init model's windows, pool and window
+    # gate are its own head's readout (fitted on news with filler), not this one's
+    cfg = dataclasses.replace(base.cfg, num_classes=len(d.names), readout=READOUT, window=0, window_gate=0.0,
                               max_length=args.max_length or base.cfg.max_length)  # fmt: skip
     model = LaraBertClassifier(cfg, seed=int(load_config(init).get("seed", 0)))
     model.encoder.load_state_dict(base.encoder.state_dict(), strict=True)  # the head stays fresh (fitted later)

@@ -32,10 +32,11 @@ TINY_WIDE = dataclasses.replace(TINY_WIN, tfidf_buckets=64)  # with a word-piece
 # landmarks of 4 tokens at least (lara-news-minilm's rule since 2026-12-05): every text here is under 8 x 4 pieces
 TINY_MC = dataclasses.replace(TINY_WIN, attention=dataclasses.replace(TINY.attention, min_chunk=4))
 TINY_LAYERS = dataclasses.replace(TINY, readout="layers", tfidf_buckets=64)  # lara train --init's frozen readout
+TINY_GATE = dataclasses.replace(TINY_MC, window_gate=4.0)  # windows, pool, and the probe's gate on each window
 CONFIGS = pytest.mark.parametrize(
     "cfg",
-    [TINY, TINY_POOL, TINY_WIN, TINY_WIDE, TINY_MC, TINY_LAYERS],
-    ids=["mean", "attention", "windows", "wide", "min_chunk", "layers"],
+    [TINY, TINY_POOL, TINY_WIN, TINY_WIDE, TINY_MC, TINY_LAYERS, TINY_GATE],
+    ids=["mean", "attention", "windows", "wide", "min_chunk", "layers", "gate"],
 )
 ARTICLE = "Shares rose on Monday\n\nThe market closed higher. Traders said demand was strong.\n\nMore later."
 
@@ -46,6 +47,8 @@ def tiny_model(seed: int = 0, cfg: BertTextConfig = TINY) -> LaraBertClassifier:
     with torch.no_grad():  # random weights of a realistic scale (the defaults leave LayerNorms at identity)
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
+        if model.gate is not None:  # a probe direction of a realistic size (the buffers start at 0: no gate)
+            model.gate.weight.copy_(3.0 * torch.randn_like(model.gate.weight))
         if model.tfidf is not None:  # an idf of 0 would silence the wide path
             model.tfidf.idf.uniform_(0.5, 2.0)
             model.tfidf.weight.mul_(20.0)  # wide logits of the encoder head's scale
@@ -126,6 +129,39 @@ def test_layers_readout_against_each_hidden_state_in_float64() -> None:
             torch.testing.assert_close(want.norm(), torch.tensor(1.0, dtype=torch.float64))
             torch.testing.assert_close(logits[row], model.head(want), rtol=0, atol=1e-10)
             torch.testing.assert_close(pooled[row], means[-1] / means[-1].norm(), rtol=0, atol=1e-10)
+
+
+def test_window_gate_against_each_window_read_alone_in_float64() -> None:
+    """WindowGate: every slot of window j gets strength x log sigmoid(-g_j) added to its pool score, g_j the
+    probe's logit on window j's unit mean. Checked against the encoder reading each window alone (float64), and
+    a text of one window reads exactly as without the gate (softmax ignores a constant)."""
+    model = tiny_model(cfg=TINY_GATE).double()
+    plain = tiny_model(cfg=dataclasses.replace(TINY_GATE, window_gate=0.0)).double()
+    plain.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("gate.")}, strict=True)
+    g = torch.Generator().manual_seed(3)
+    body = torch.randint(4, 300, (33,), generator=g)  # 33 pieces: windows of 14, 14, 5
+    ids = torch.cat([torch.tensor([2]), body, torch.tensor([3])])[None]
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        got = model(ids, mask)[0]
+        vectors, scores = [], []
+        for w in (body[:14], body[14:28], body[28:]):
+            wid = torch.cat([torch.tensor([2]), w, torch.tensor([3])])[None]
+            h = model.encoder(wid, torch.ones_like(wid))[0]  # [len, D], the window read alone
+            mean = h.mean(0) / h.mean(0).norm()
+            gate = TINY_GATE.window_gate * torch.nn.functional.logsigmoid(-(mean @ model.gate.weight + model.gate.bias))
+            vectors.append(h)
+            scores.append(model.pool.score(h).squeeze(-1) + gate)
+        weights = torch.softmax(torch.cat(scores), 0)
+        read = weights @ torch.cat(vectors)
+        want = model.head(read / read.norm())
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+        assert not torch.allclose(got, plain(ids, mask)[0], atol=1e-6)  # the gate moved this three-window text
+        short = ids[:, :12]  # one window: the gate's bias is one constant
+        torch.testing.assert_close(model(short, torch.ones_like(short)), plain(short, torch.ones_like(short)),
+                                   rtol=0, atol=1e-12)  # fmt: skip
+    with pytest.raises(ValueError, match="window_gate"):
+        dataclasses.replace(TINY_POOL, window_gate=1.0)  # no windows: nothing to gate
 
 
 def test_window_layout_by_hand() -> None:
@@ -298,3 +334,31 @@ def test_outlier_probe_adds_a_penalty_past_its_holdout_quantile_and_exports(tmp_
     sess = make_session(tmp_path / "p" / "1" / "model.onnx")
     _, got = sess.run(None, {"input_ids": batch.numpy(), "attention_mask": mask.numpy()})
     np.testing.assert_allclose(got, serving(batch, mask)[1].numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_window_gate_install_copies_the_probe_and_keeps_the_rest() -> None:
+    """pretrained.window_gate.gated: the classifier gains a gate holding the serving head's probe, at the given
+    strength; every other tensor, the temperature, the ood statistics and the probe itself stay."""
+    from lara_serve.model_export.models.ood import OutlierProbe
+    from lara_serve.model_export.pretrained.window_gate import gated
+
+    model = tiny_model(cfg=TINY_MC)
+    g = torch.Generator().manual_seed(4)
+    feats = torch.nn.functional.normalize(torch.randn(60, TINY.dim, generator=g), dim=-1)
+    probe = OutlierProbe(3.0 * torch.randn(TINY.dim, generator=g), torch.tensor([0.5]))
+    serving = ServingModel.wrap(model, 1.3, MahalanobisScore.fit(feats, torch.arange(60) % 3), probe=probe,
+                                probe_scales=(10.0, 1.0, -1.0))  # fmt: skip
+    new = gated(serving, 4.0)
+    assert new.model.cfg == dataclasses.replace(TINY_MC, window_gate=4.0)
+    assert torch.equal(new.model.gate.weight, probe.weight) and torch.equal(new.model.gate.bias, probe.bias)
+    old_state, new_state = serving.state_dict(), new.state_dict()
+    assert set(new_state) - set(old_state) == {"model.gate.weight", "model.gate.bias"}
+    assert all(torch.equal(v, new_state[k]) for k, v in old_state.items())
+    ids = torch.randint(4, 300, (1, 40), generator=g)
+    ids[0, 0], ids[0, -1] = 2, 3
+    with torch.no_grad():
+        (z_old, s_old), (z_new, s_new) = serving(ids, torch.ones_like(ids)), new(ids, torch.ones_like(ids))
+    torch.testing.assert_close(s_new, s_old, rtol=0, atol=0)  # the ood score reads the mean, not the pool
+    assert not torch.allclose(z_new, z_old)  # three windows: the gate moved the logits
+    with pytest.raises(ValueError, match="no outlier probe"):
+        gated(ServingModel.wrap(model, 1.3, MahalanobisScore.fit(feats, torch.arange(60) % 3)), 4.0)

@@ -190,7 +190,7 @@ def test_the_shipped_name_resolves_to_its_frozen_encoder(tmp_path: Path) -> None
     prep = prepare(_args([*argv, "--init", "lara-news-minilm"]))
     assert isinstance(prep, pretrained_init.Frozen) and prep.init == SHIPPED / "lara-news-minilm"
     shipped = load_pretrained(SHIPPED / "lara-news-minilm")
-    assert prep.cfg == dataclasses.replace(shipped.cfg, num_classes=3, readout="layers", window=0)
+    assert prep.cfg == dataclasses.replace(shipped.cfg, num_classes=3, readout="layers", window=0, window_gate=0.0)
     assert all(torch.equal(a, b) for a, b in zip(prep.model.encoder.state_dict().values(),
                                                    shipped.encoder.state_dict().values(), strict=True))  # fmt: skip
     assert not any(p.requires_grad for p in prep.model.parameters()) and not (tmp_path / "m").exists()
@@ -259,7 +259,7 @@ def test_a_budget_too_small_to_read_whole_reads_each_documents_head(tmp_path: Pa
     write_texts(tmp_path / "d.jsonl")
     tiny = tiny_word_piece_dir(tmp_path / "tiny-wp")  # max_length 128 pieces; the texts are 10-90
     monkeypatch.setattr(pretrained_init, "FIT_LENGTHS", (64,))
-    monkeypatch.setattr(pretrained_init, "probe_rate", lambda prep, clock: 0.05)  # s per piece: reading dominates
+    monkeypatch.setattr(pretrained_init, "probe_rate", lambda prep, clock: 0.5)  # s per piece: reading dominates
     argv = [str(tmp_path / "d.jsonl"), "--out", str(tmp_path / "m"), "--init", str(tiny)]
 
     def planned(more: list[str], minutes: float) -> pretrained_init.Frozen:
@@ -269,7 +269,7 @@ def test_a_budget_too_small_to_read_whole_reads_each_documents_head(tmp_path: Pa
 
     probe = planned([], 1e6)  # everything fits: read whole
     assert probe.cfg.max_length == 128 and "length_fitted_to_budget" not in probe.hp
-    whole, head = (pretrained_init._estimate_at(probe, 0.05, 0.0, n) for n in (128, 64))
+    whole, head = (pretrained_init._estimate_at(probe, 0.5, 0.0, n) for n in (128, 64))
     assert head < whole
     capsys.readouterr()
     prep = planned([], head)
