@@ -255,11 +255,17 @@ class WindowGate(nn.Module):
     def forward(self, x: Tensor, rows: Tensor, per: int) -> Tensor:
         """x [B, J*per, D] every window's vectors, rows [B, J*per] the read mask -> bias [B, J*per]."""
         b, n, d = x.shape
-        xw, m = x.reshape(b, -1, per, d), rows.reshape(b, -1, per, 1).to(x.dtype)  # [B, J, per, D], [B, J, per, 1]
-        mean = nn.functional.normalize((xw * m).sum(2) / m.sum(2).clamp_min(1e-9), p=2, dim=-1)  # [B, J, D]
+        mean = unit_mean(x.reshape(b, -1, per, d), rows.reshape(b, -1, per, 1), 2)  # [B, J, D], each window's
         g = mean @ self.weight + self.bias  # [B, J]
         gate = self.strength * nn.functional.logsigmoid(-g)  # [B, J], <= 0
         return gate.unsqueeze(-1).expand(-1, -1, per).reshape(b, n)
+
+
+def unit_mean(x: Tensor, mask: Tensor, dim: int) -> Tensor:
+    """The masked mean of x over `dim` at unit length (mean_pool's arithmetic; mask broadcastable to x, 1 = real):
+    per window (WindowGate) or per hidden state (layer_means)."""
+    m = mask.to(x.dtype)
+    return nn.functional.normalize((x * m).sum(dim) / m.sum(dim).clamp_min(1e-9), p=2, dim=-1)
 
 
 def layer_means(x: Tensor, attention_mask: Tensor, blocks: int) -> Tensor:
@@ -272,9 +278,8 @@ def layer_means(x: Tensor, attention_mask: Tensor, blocks: int) -> Tensor:
     83.8 -> 88.1%, messages 79.4 -> 87.5%, e-mails 91 -> 91%, speeches 14 of 14 both
     (research/frozen_layer_means.py)."""
     b, n, width = x.shape
-    m = attention_mask.unsqueeze(-1).to(x.dtype)  # [B, N, 1]
-    mean = ((x * m).sum(1) / m.sum(1).clamp_min(1e-9)).reshape(b, blocks, width // blocks)  # as mean_pool
-    return (nn.functional.normalize(mean, p=2, dim=-1) / blocks**0.5).reshape(b, width)  # [B, blocks * D]
+    means = unit_mean(x.reshape(b, n, blocks, width // blocks), attention_mask.reshape(b, n, 1, 1), 1)  # [B, k, D]
+    return (means / blocks**0.5).reshape(b, width)  # [B, blocks * D]
 
 
 def window_layout(
