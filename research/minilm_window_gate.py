@@ -42,7 +42,9 @@ OUT = Path(__file__).parent / "results" / "minilm_window_gate.json"
 def logits_by_gate(serving: torch.nn.Module, tok: WordPieces, text: str, gates: list[str]) -> dict[str, int]:
     """The head's label for each gate ("none": the served pool; "sigmoid:S": S x log sigmoid(-g_j); "hinge:S":
     -S x max(0, (g_j - q) / (q - median)), q and median the probe's holdout quantile and median as the served
-    ood score uses them: windows that look like the training data all keep their weight)."""
+    ood score uses them: windows that look like the training data all keep their weight; "doc:S": sigmoid's,
+    times sigmoid(g_doc) of the whole text, so a text that as a whole looks like news is read as the pool reads
+    it, whatever one of its windows looks like)."""
     model, probe = serving.model, serving.probe
     ids = torch.tensor([tok.encode(text, model.cfg.max_length)])
     mask = torch.ones_like(ids)
@@ -54,6 +56,7 @@ def logits_by_gate(serving: torch.nn.Module, tok: WordPieces, text: str, gates: 
     live = rw.sum(1) > 0
     g = probe(mean_pool(xw, rw))  # [J] the probe's logit of each window's unit mean
     s = model.pool.score(x).squeeze(-1)[0]  # [J*(W+2)] the pool's own score
+    g_doc = probe(mean_pool(x, rows))[0]  # the probe's logit of the whole text's unit mean (the ood score's)
     q, med = float(serving.probe_scales[1]), float(serving.probe_scales[2])
     out = {}
     for gate in gates:
@@ -62,6 +65,8 @@ def logits_by_gate(serving: torch.nn.Module, tok: WordPieces, text: str, gates: 
             raw = torch.zeros_like(g)
         elif kind == "sigmoid":
             raw = float(strength) * F.logsigmoid(-g)
+        elif kind == "doc":  # the same, scaled by how unlike the training data the whole text looks
+            raw = float(strength) * torch.sigmoid(g_doc) * F.logsigmoid(-g)
         else:
             raw = -float(strength) * torch.relu((g - q) / (q - med))
         bias = raw.where(live, torch.zeros_like(g)).repeat_interleave(per)
@@ -84,7 +89,22 @@ def cut(texts: list[str], n: int, rng: random.Random) -> str:
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--docs", type=int, default=60)
-    ap.add_argument("--gates", nargs="+", default=["none", "sigmoid:2", "sigmoid:8", "hinge:1", "hinge:4", "hinge:16"])
+    ap.add_argument(
+        "--gates",
+        nargs="+",
+        default=[
+            "none",
+            "sigmoid:2",
+            "sigmoid:8",
+            "hinge:1",
+            "hinge:4",
+            "hinge:16",
+            "doc:4",
+            "doc:8",
+            "doc:16",
+            "doc:32",
+        ],
+    )
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)

@@ -236,15 +236,14 @@ class AttentionPool(nn.Module):
 
 
 class WindowGate(nn.Module):
-    """Each window's say in the attention pool, from an outlier probe on its mean vector: bias [B, J*(W+2)] =
-    strength x log sigmoid(-g_j) on every slot of window j, g_j = weight . unit_mean(window j) + bias (the
-    serving head's OutlierProbe: high for text unlike the training data). A news window (g << 0) keeps its
-    weight, a window of documentation prose (g >> 0) loses about strength x g of log-weight.
+    """Each window's say in the attention pool, from a linear probe on its mean vector: bias [B, J*(W+2)] =
+    strength x log sigmoid(-g_j) on every slot of window j, g_j = weight . unit_mean(window j) + bias (a window
+    probe, pretrained.window_gate: high for a window that carries no article). An article's window (g << 0)
+    keeps its weight, a window of documentation prose (g >> 0) loses about strength x g of log-weight.
 
     Why: the pool scores each piece alone, so 20 KB of English prose around an article still outvotes it
-    (robustness suite: 70-75% right); the probe tells such prose from news on a whole window. Softmax ignores a
-    constant, so a text of one window reads exactly as without the gate. Measured on the holdout, not shipped
-    yet: it costs forms whose wrapper fills a window (research/minilm_window_gate.py)."""
+    (robustness suite: 70-75% right); the probe tells such prose from an article on a whole window. Softmax
+    ignores a constant, so a text of one window reads exactly as without the gate (research/minilm_window_probe.py)."""
 
     def __init__(self, dim: int, strength: float) -> None:
         super().__init__()

@@ -152,8 +152,8 @@ class BertTextConfig:
     # text around an article can no longer mix into the article's vectors (bert_lara.window_layout).
     window: int = 0
     # > 0 (with windows and the attention pool): every piece of window j gets window_gate x log sigmoid(-g_j)
-    # added to its pool score, g_j an outlier probe's logit on window j's mean (bert_lara.WindowGate): windows
-    # of text unlike the training data (documentation prose around an article) lose their say; 0: none
+    # added to its pool score, g_j a window probe's logit on window j's mean (bert_lara.WindowGate): windows
+    # that carry no article (documentation prose around it) lose their say; 0: none
     window_gate: float = 0.0
     cls_id: int = 101  # the tokenizer's [CLS] and [SEP]: what each window is wrapped in
     sep_id: int = 102

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from lara_serve.model_export.export.exporter import export_model_dir, half_storage, make_session
+from lara_serve.model_export.models.bert import mean_pool
 from lara_serve.model_export.models.bert_lara import LaraBertClassifier, window_layout
 from lara_serve.model_export.models.config import AttentionConfig, BertTextConfig, config_from_dict, config_to_dict
 from lara_serve.model_export.models.hub import load_pretrained, make_config_dict, model_io_spec
@@ -336,9 +337,9 @@ def test_outlier_probe_adds_a_penalty_past_its_holdout_quantile_and_exports(tmp_
     np.testing.assert_allclose(got, serving(batch, mask)[1].numpy(), rtol=1e-4, atol=1e-5)
 
 
-def test_window_gate_install_copies_the_probe_and_keeps_the_rest() -> None:
-    """pretrained.window_gate.gated: the classifier gains a gate holding the serving head's probe, at the given
-    strength; every other tensor, the temperature, the ood statistics and the probe itself stay."""
+def test_window_gate_install_sets_the_window_probe_and_keeps_the_rest() -> None:
+    """pretrained.window_gate.gated: the classifier gains a gate holding the given window probe, at the given
+    strength; every other tensor, the temperature, the ood statistics and the serving head's own probe stay."""
     from lara_serve.model_export.models.ood import OutlierProbe
     from lara_serve.model_export.pretrained.window_gate import gated
 
@@ -348,9 +349,10 @@ def test_window_gate_install_copies_the_probe_and_keeps_the_rest() -> None:
     probe = OutlierProbe(3.0 * torch.randn(TINY.dim, generator=g), torch.tensor([0.5]))
     serving = ServingModel.wrap(model, 1.3, MahalanobisScore.fit(feats, torch.arange(60) % 3), probe=probe,
                                 probe_scales=(10.0, 1.0, -1.0))  # fmt: skip
-    new = gated(serving, 4.0)
+    window_probe = (3.0 * torch.randn(TINY.dim, generator=g), torch.tensor([-0.25]))
+    new = gated(serving, 4.0, window_probe)
     assert new.model.cfg == dataclasses.replace(TINY_MC, window_gate=4.0)
-    assert torch.equal(new.model.gate.weight, probe.weight) and torch.equal(new.model.gate.bias, probe.bias)
+    assert torch.equal(new.model.gate.weight, window_probe[0]) and torch.equal(new.model.gate.bias, window_probe[1])
     old_state, new_state = serving.state_dict(), new.state_dict()
     assert set(new_state) - set(old_state) == {"model.gate.weight", "model.gate.bias"}
     assert all(torch.equal(v, new_state[k]) for k, v in old_state.items())
@@ -360,5 +362,32 @@ def test_window_gate_install_copies_the_probe_and_keeps_the_rest() -> None:
         (z_old, s_old), (z_new, s_new) = serving(ids, torch.ones_like(ids)), new(ids, torch.ones_like(ids))
     torch.testing.assert_close(s_new, s_old, rtol=0, atol=0)  # the ood score reads the mean, not the pool
     assert not torch.allclose(z_new, z_old)  # three windows: the gate moved the logits
-    with pytest.raises(ValueError, match="no outlier probe"):
-        gated(ServingModel.wrap(model, 1.3, MahalanobisScore.fit(feats, torch.arange(60) % 3)), 4.0)
+
+
+def test_window_probe_reads_each_window_and_separates_its_two_sets() -> None:
+    """window_gate.window_means: one unit mean per real window, as the classifier's windows hold them;
+    fit_window_probe: "other" windows score above "article" ones."""
+    from lara_serve.model_export.pretrained.window_gate import fit_window_probe, window_means
+
+    class Pieces:  # a tokenizer stand-in: one piece per character, [CLS] 2 and [SEP] 3 around them
+        def encode(self, text: str, max_length: int) -> list[int]:
+            return [2, *(4 + ord(ch) % 200 for ch in text)][: max_length - 1] + [3]
+
+    model = tiny_model(cfg=TINY_MC)
+    texts = ["a" * 5, "b" * (2 * TINY_MC.window + 3)]  # one window; three windows, the last of three pieces
+    got = window_means(model, Pieces(), texts, "test")  # type: ignore[arg-type]
+    assert got.shape == (4, TINY.dim)
+    torch.testing.assert_close(got.norm(dim=-1), torch.ones(4))
+    for i, text in enumerate(texts):
+        ids = torch.tensor([Pieces().encode(text, 10_000)])
+        x, rows = model.forward_features(ids, torch.ones_like(ids)), model.read_mask(torch.ones_like(ids))
+        per = x.shape[1] // (1 if i == 0 else 3)
+        want = mean_pool(x.reshape(-1, per, TINY.dim), rows.reshape(-1, per))
+        torch.testing.assert_close(got[:1] if i == 0 else got[1:], want.detach(), rtol=1e-5, atol=1e-6)
+    g = torch.Generator().manual_seed(5)
+    axis = torch.nn.functional.normalize(torch.randn(TINY.dim, generator=g), dim=0)
+    noise = 0.3 * torch.randn(80, TINY.dim, generator=g)
+    feats = {"article": noise[:40] - axis, "other": noise[40:] + axis}
+    w, b = fit_window_probe(feats, c=1.0)
+    assert w.shape == (TINY.dim,) and b.shape == (1,)
+    assert bool(((feats["other"] @ w + b) > 0).all()) and bool(((feats["article"] @ w + b) < 0).all())
