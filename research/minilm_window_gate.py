@@ -21,10 +21,12 @@ import argparse
 import json
 import random
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from lara_serve.model_export.models.bert import mean_pool
 from lara_serve.model_export.models.hub import load_pretrained
@@ -86,6 +88,42 @@ def cut(texts: list[str], n: int, rng: random.Random) -> str:
     return "\n".join(parts)[start : start + n]
 
 
+def holdout_cases(docs: int) -> Iterator[tuple[str, str, int]]:
+    """(case, text, label) in a fixed order and draw: `docs` holdout articles read clean and with 10 and 20 KB of
+    the selection sources before or after; then every holdout article once in a long form (web page, e-mail,
+    JSON, Markdown, a table after it: the build's holdout forms, classifier.with_forms with its seed), where a
+    wrapper's windows must not outvote the article."""
+    every = [d for d in load_news("train") if in_holdout(d.text)]
+    picked = every[:: max(1, len(every) // docs)][:docs]
+    sources = {"man pages": list(english_man_pages(200)), "brown belles-lettres": brown_texts("g"),
+               "brown government": brown_texts("h")}  # fmt: skip
+    rng = random.Random(0)
+    for i, d in enumerate(picked):
+        yield "clean", d.text, d.label
+        for kb in (10, 20):
+            name = list(sources)[(i + kb) % len(sources)]
+            filler = cut(sources[name], kb * 1024, rng)
+            text = filler + "\n\n" + d.text if rng.random() < 0.5 else d.text + "\n\n" + filler
+            yield f"+{kb} KB", text, d.label
+    texts, labels, forms = with_forms([d.text for d in every], [d.label for d in every], 1)
+    for text, label, form in zip(texts, labels, forms, strict=True):
+        if form not in ("whole", "headline", "lead"):
+            yield f"form {form}", text, label
+
+
+def tally(predict: Callable[[str], dict[str, int]], docs: int) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
+    """predict(text) -> {gate: label} over holdout_cases -> (right answers per case and gate, items per case)."""
+    right: dict[str, dict[str, int]] = {}
+    counts: dict[str, int] = {}
+    for case, text, label in tqdm(holdout_cases(docs), desc="holdout cases", unit="text"):
+        got = predict(text)
+        row = right.setdefault(case, dict.fromkeys(got, 0))
+        for gate, pred in got.items():
+            row[gate] += int(pred == label)
+        counts[case] = counts.get(case, 0) + 1
+    return right, counts
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--docs", type=int, default=60)
@@ -110,37 +148,7 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)
     t0 = time.time()
     serving, tok = load_pretrained(MODEL, serving=True).eval(), WordPieces.from_dir(MODEL)
-    val = [d for d in load_news("train") if in_holdout(d.text)]
-    val = val[:: max(1, len(val) // args.docs)][: args.docs]
-    sources = {"man pages": list(english_man_pages(200)), "brown belles-lettres": brown_texts("g"),
-               "brown government": brown_texts("h")}  # fmt: skip
-    rng = random.Random(0)
-    right: dict[str, dict[str, int]] = {}
-    counts: dict[str, int] = {}
-
-    def count(case: str, text: str, label: int) -> None:
-        got = logits_by_gate(serving, tok, text, args.gates)
-        row = right.setdefault(case, dict.fromkeys(args.gates, 0))
-        for gate, pred in got.items():
-            row[gate] += int(pred == label)
-        counts[case] = counts.get(case, 0) + 1
-
-    for i, d in enumerate(val):
-        count("clean", d.text, d.label)
-        for kb in (10, 20):
-            name = list(sources)[(i + kb) % len(sources)]
-            filler = cut(sources[name], kb * 1024, rng)
-            text = filler + "\n\n" + d.text if rng.random() < 0.5 else d.text + "\n\n" + filler
-            count(f"+{kb} KB", text, d.label)
-        print(i, {c: r for c, r in right.items()}, flush=True)
-    # every holdout article once in a long form (web page, e-mail, JSON, Markdown, a table after it: the build's
-    # holdout forms, classifier.with_forms with its seed), where a wrapper's windows must not outvote the article
-    every = [d for d in load_news("train") if in_holdout(d.text)]
-    texts, labels, forms = with_forms([d.text for d in every], [d.label for d in every], 1)
-    for text, label, form in zip(texts, labels, forms, strict=True):
-        if form not in ("whole", "headline", "lead"):
-            count(f"form {form}", text, label)
-    print({c: r for c, r in right.items()}, flush=True)
+    right, counts = tally(lambda text: logits_by_gate(serving, tok, text, args.gates), args.docs)
     result = {
         "command": "python -m research.minilm_window_gate",
         "model": str(MODEL),

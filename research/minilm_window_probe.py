@@ -22,23 +22,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from lara_serve.model_export.models.bert import mean_pool
 from lara_serve.model_export.models.hub import load_pretrained
-from lara_serve.model_export.pretrained.classifier import in_holdout, with_forms
-from lara_serve.model_export.pretrained.outlier_probe import brown_texts
-from lara_serve.model_export.pretrained.robust_head import english_man_pages
 from lara_serve.model_export.pretrained.teacher import WordPieces
 from lara_serve.model_export.pretrained.window_gate import fit_window_probe, training_windows, windows
-from lara_serve.model_export.training.data import load_news
-from research.minilm_window_gate import MODEL, cut
+from research.minilm_window_gate import MODEL, tally
 
 OUT = Path(__file__).parent / "results" / "minilm_window_probe.json"
 FEATURES = Path("runs") / "window_probe_features.pt"
@@ -99,32 +93,8 @@ def main(argv: list[str] | None = None) -> dict:
              "served probe:8": (serving.probe.weight.detach(), serving.probe.bias.detach(), 8.0, None)}  # fmt: skip
     gates |= {f"C={c:g}:{s:g}": (*probes[c], s, None) for c in C_GRID for s in STRENGTHS}
     gates |= {f"C={c:g}:{s:g}>{m:g}": (*probes[c], s, m) for c in C_GRID for s in HINGE for m in MARGINS}
-    val = [d for d in load_news("train") if in_holdout(d.text)]
-    picked = val[:: max(1, len(val) // args.docs)][: args.docs]
-    sources = {"man pages": list(english_man_pages(200)), "brown belles-lettres": brown_texts("g"),
-               "brown government": brown_texts("h")}  # fmt: skip
-    rng = random.Random(0)
-    right: dict[str, dict[str, int]] = {}
-    counts: dict[str, int] = {}
-
-    def count(case: str, text: str, label: int) -> None:
-        row = right.setdefault(case, dict.fromkeys(gates, 0))
-        for gate, pred in labels_by_gate(serving, tok, text, gates).items():
-            row[gate] += int(pred == label)
-        counts[case] = counts.get(case, 0) + 1
-
     # the same cases, in the same order and draws, as research/minilm_window_gate.py
-    for i, d in enumerate(tqdm(picked, desc="holdout + filler")):
-        count("clean", d.text, d.label)
-        for kb in (10, 20):
-            name = list(sources)[(i + kb) % len(sources)]
-            filler = cut(sources[name], kb * 1024, rng)
-            text = filler + "\n\n" + d.text if rng.random() < 0.5 else d.text + "\n\n" + filler
-            count(f"+{kb} KB", text, d.label)
-    texts, labels, forms = with_forms([d.text for d in val], [d.label for d in val], 1)
-    for text, label, form in tqdm(list(zip(texts, labels, forms, strict=True)), desc="holdout forms"):
-        if form not in ("whole", "headline", "lead"):
-            count(f"form {form}", text, label)
+    right, counts = tally(lambda text: labels_by_gate(serving, tok, text, gates), args.docs)
     total = {g: sum(right[c][g] for c in right) for g in gates}
     result = {
         "command": "python -m research.minilm_window_probe",
