@@ -34,6 +34,7 @@ from lara_serve.model_export.pretrained.classifier import in_holdout, with_forms
 from lara_serve.model_export.pretrained.outlier_probe import brown_texts
 from lara_serve.model_export.pretrained.robust_head import english_man_pages
 from lara_serve.model_export.pretrained.teacher import WordPieces
+from lara_serve.model_export.pretrained.topic_sources import topic_items
 from lara_serve.model_export.training.data import load_news
 
 MODEL = Path("model_repository/lara-news-minilm")
@@ -92,7 +93,8 @@ def holdout_cases(docs: int) -> Iterator[tuple[str, str, int]]:
     """(case, text, label) in a fixed order and draw: `docs` holdout articles read clean and with 10 and 20 KB of
     the selection sources before or after; then every holdout article once in a long form (web page, e-mail,
     JSON, Markdown, a table after it: the build's holdout forms, classifier.with_forms with its seed), where a
-    wrapper's windows must not outvote the article."""
+    wrapper's windows must not outvote the article; then the holdout side of the build's other sources of two
+    topics (State of the Union addresses, Python package descriptions)."""
     every = [d for d in load_news("train") if in_holdout(d.text)]
     picked = every[:: max(1, len(every) // docs)][:docs]
     sources = {"man pages": list(english_man_pages(200)), "brown belles-lettres": brown_texts("g"),
@@ -109,6 +111,9 @@ def holdout_cases(docs: int) -> Iterator[tuple[str, str, int]]:
     for text, label, form in zip(texts, labels, forms, strict=True):
         if form not in ("whole", "headline", "lead"):
             yield f"form {form}", text, label
+    for item in topic_items(0):  # the build's other sources of two topics, holdout side (since 2026-12-06)
+        if in_holdout(item.key):
+            yield f"topic {item.source}", item.text, item.label
 
 
 def tally(predict: Callable[[str], dict[str, int]], docs: int) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
