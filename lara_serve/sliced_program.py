@@ -46,6 +46,10 @@ class SlicedProgram:
         self.spec, self._runners = spec, runners
         self.chunk = int(spec["chunk"])
         self.left, self.right = (int(v) for v in spec["halo"])
+        # Documents longer than this run here (manifest "long_from"; None: the backend's own threshold): a
+        # windowed word-piece model's whole graph holds every piece's activations, so its program takes over
+        # past the whole graph's max_length (lara_serve.model_export.export.sliced_windows).
+        self.long_from: int | None = int(spec["long_from"]) if spec.get("long_from") else None
 
     def run(self, ids: np.ndarray, float_dtype: type = np.float32) -> dict[str, np.ndarray]:
         """One unpadded document's ids [n] int64 -> its results ({"logits": [1, C], "ood_score": [1]}).

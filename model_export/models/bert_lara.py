@@ -345,6 +345,12 @@ class PieceTfidfHead(TfidfHead):
         return torch.cat([ids % self.buckets, code % self.buckets], 1), torch.cat([real, real & prev_real], 1)
 
 
+# Windows read by one encoder call in eager torch: a 1 MiB document is ~430 windows, whose activations at once
+# would be several GB; 16 at a time keep them near 200 MB (the exported graph reads all windows in one call: the
+# server runs documents past its max_length on the sliced program instead, export.sliced_windows).
+WINDOW_GROUP = 16
+
+
 class LaraBertClassifier(nn.Module):
     """forward(input_ids [B, N], attention_mask [B, N]) -> logits [B, C]: the LARA student reading the whole
     document in one pass, its unit-length masked-mean embedding (the teacher's sentence embedding) or, with
@@ -377,7 +383,12 @@ class LaraBertClassifier(nn.Module):
         if not self.cfg.window:
             return self.encoder(input_ids, attention_mask, all_layers=layers)  # [B, N, blocks * D]
         ids, mask, _ = self.layout(input_ids, attention_mask)
-        return self.encoder(ids, mask, all_layers=layers).reshape(input_ids.shape[0], -1, self.cfg.dim * self.blocks)
+        if torch.compiler.is_exporting() or ids.shape[0] <= WINDOW_GROUP:
+            x = self.encoder(ids, mask, all_layers=layers)
+        else:  # windows are independent: a long document's activations are one group's at a time (torch backend)
+            x = torch.cat([self.encoder(ids[i : i + WINDOW_GROUP], mask[i : i + WINDOW_GROUP], all_layers=layers)
+                           for i in range(0, ids.shape[0], WINDOW_GROUP)])  # fmt: skip
+        return x.reshape(input_ids.shape[0], -1, self.cfg.dim * self.blocks)
 
     def layout(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         c = self.cfg

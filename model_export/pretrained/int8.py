@@ -237,6 +237,10 @@ def quantize_served(model_dir: Path = MODEL, threads: int = 1, limit: int = 0, s
     }
     conf["export"]["size_bytes"] = served.stat().st_size
     (model_dir / "config.json").write_text(json.dumps(conf, indent=2) + "\n")
+    if (model_dir / VERSION / "sliced").is_dir():  # documents past the whole graph: their program, for this graph
+        from lara_serve.model_export.export.sliced_windows import export_windows_dir
+
+        export_windows_dir(model_dir, quantize=True, max_length=int(conf["preprocessing"]["max_length"]))
     summary = {"seconds": round(time.perf_counter() - t0, 1), "temperature": [t_old, t_new],
                "threshold": [threshold_float, threshold], "test": by_form, "quantization": conf["export"]["quantization"]}  # fmt: skip
     print(json.dumps(summary, indent=2))

@@ -15,6 +15,10 @@ shipped text models do) runs such documents on it instead, on the CPU, with or w
 over slices of rows, the residual stream (512 B per token) the only full-length tensor: 810 MiB peak for the
 backend at 1 MiB against 7.5 GB (lara_serve.sliced_program, benchmarks/memory_one_mib.py).
 
+A windowed word-piece model (lara-news-minilm) ships a program of its own kind
+(lara_serve.model_export.export.sliced_windows: groups of windows and the pool's running sums) whose manifest
+names where it takes over, `long_from` (its whole graph's max_length, 16,384 pieces), instead of LONG_TOKENS.
+
 Without either (a model without sliced/, no torch), documents over LONG_TOKENS run on a second session
 without onnxruntime's arena and memory patterns. Every long document runs one at a time over all models,
 and the heap is trimmed after each: the process returns to its idle size instead of keeping the peak.
@@ -127,6 +131,9 @@ class OnnxRuntimeBackend(BackendBase):
         # Its graphs' temporaries are one slice's (~10 MB): no arena to keep them after the document.
         self._sliced = _sliced_program(path, lambda p: session(False, p)) if text_cpu and sliced else None
         handoff = ort_options.long_via_torch and text_cpu and self._sliced is None
+        # rows longer than this take the long path: the program's own threshold, else LONG_TOKENS (read at each
+        # call, so tests can lower it)
+        self._long_from_program = None if self._sliced is None else self._sliced.long_from
         self._long = _TorchForLong(model_dir, config, num_threads) if handoff else None
 
     def run_outputs(self, inputs: dict[str, np.ndarray]) -> ModelOutputs:
@@ -134,9 +141,13 @@ class OnnxRuntimeBackend(BackendBase):
             return self._rows_alone(inputs)
         if self._sliced is not None or self._long is not None:
             lengths = inputs["attention_mask"].sum(1)
-            if (lengths > LONG_TOKENS).any() and (run_long := self._long_runner()) is not None:
+            if (lengths > self._long_from).any() and (run_long := self._long_runner()) is not None:
                 return self._split(inputs, lengths, run_long)
         return self._run_ort(inputs)
+
+    @property
+    def _long_from(self) -> int:
+        return self._long_from_program or LONG_TOKENS
 
     def _long_runner(self) -> Callable[[dict[str, np.ndarray]], ModelOutputs] | None:
         """What runs rows over LONG_TOKENS: the sliced program, else the torch forward, else None (the lean session)."""
@@ -197,7 +208,7 @@ class OnnxRuntimeBackend(BackendBase):
     ) -> ModelOutputs:
         """Rows longer than LONG_TOKENS through `run_long`, the rest through onnxruntime, each group cut to its
         own longest row (padding does not change a row's answer), reassembled in the batch's order."""
-        long = lengths > LONG_TOKENS
+        long = lengths > self._long_from
         logits = np.zeros((len(lengths), len(self._config.labels)), dtype=np.float32)
         ood = np.zeros(len(lengths), dtype=np.float32) if self._config.has_ood_output else None
         for rows, run in ((np.flatnonzero(long), run_long), (np.flatnonzero(~long), self._run_ort)):

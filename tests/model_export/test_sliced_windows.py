@@ -1,0 +1,123 @@
+"""A windowed word-piece model's sliced program (export.sliced_windows): the same answers as the whole model
+reading the whole document, in float64 (the program's arithmetic) and through onnxruntime (the exported graphs),
+at lengths that end a slice exactly, leave a slice with no pieces, or end with a short window; and which
+models it refuses."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_bert_lara_classifier import TINY_GATE, TINY_LAYERS, TINY_POOL, TINY_WIDE, tiny_model
+
+from lara_serve.model_export.export.sliced import torch_runners
+from lara_serve.model_export.export.sliced_windows import (
+    build_stages,
+    export_windows,
+    manifest,
+    not_supported_reasons,
+    parity_lengths,
+)
+from lara_serve.model_export.models.ood import MahalanobisScore, OutlierProbe, ServingModel
+from lara_serve.sliced_program import SlicedProgram
+
+WINDOWS = 2  # windows per slice: a slice is 2 x 14 pieces, so short documents cross several slices
+
+
+def serving(cfg=TINY_GATE, probe: bool = True) -> ServingModel:  # noqa: ANN001 - a BertTextConfig
+    """A serving head as lara-news-minilm's: Mahalanobis score and, with `probe`, an outlier probe (which computes
+    in float32 whatever its input: the float64 tests leave it out, the onnxruntime test has it)."""
+    model = tiny_model(cfg=dataclasses.replace(cfg, max_length=40))
+    g = torch.Generator().manual_seed(1)
+    d = cfg.dim
+    ood = MahalanobisScore(torch.randn(cfg.num_classes, d, generator=g), torch.eye(d) * 3.0)
+    if not probe:
+        return ServingModel.wrap(model, 1.3, ood).eval()
+    out = OutlierProbe(torch.randn(d, generator=g), torch.tensor([0.1]))
+    return ServingModel.wrap(model, 1.3, ood, probe=out, probe_scales=(0.5, 2.0, 1.0)).eval()
+
+
+def document(n: int, cfg=TINY_GATE) -> torch.Tensor:  # noqa: ANN001
+    ids = torch.randint(cfg.sep_id + 1, cfg.vocab_size, (1, n), generator=torch.Generator().manual_seed(n))
+    ids[0, 0], ids[0, -1] = cfg.cls_id, cfg.sep_id
+    return ids
+
+
+LENGTHS = [3, 17, *parity_lengths(WINDOWS * TINY_GATE.window, TINY_GATE.window), 200]
+
+
+def test_the_program_is_the_whole_model_in_float64() -> None:
+    """The program's own arithmetic (each stage eager, float64 state) against the serving model reading the
+    whole document in float64: only summation order differs, so 1e-10 holds (float64 eps 2e-16 times a few
+    thousand terms of order 1)."""
+    model = serving(probe=False).double()
+    stages, state = build_stages(model, WINDOWS * TINY_GATE.window)
+    spec = manifest(stages, state, WINDOWS * TINY_GATE.window, long_from=40)
+    program = SlicedProgram(spec, torch_runners(stages))
+    seen = set()
+    for n in LENGTHS:
+        ids = document(n)
+        with torch.inference_mode():
+            logits, ood = model(ids, torch.ones_like(ids))
+        got = program.run(ids[0].numpy(), float_dtype=np.float64)
+        np.testing.assert_allclose(got["logits"], logits.numpy(), rtol=0, atol=1e-10)
+        np.testing.assert_allclose(got["ood_score"], ood.numpy(), rtol=1e-10, atol=1e-10)
+        seen.add(round(float(ood[0]), 6))
+    assert len(seen) == len(LENGTHS)  # documents that differ score differently: the check can fail
+
+
+def test_every_document_reads_every_piece() -> None:
+    """A piece changed anywhere, in the last window of a slice or in the last slice, changes the answer (by more
+    than float64 rounding, ~1e-15 here: a gated window's say can be small, but never nothing)."""
+    model = serving(probe=False).double()
+    stages, state = build_stages(model, WINDOWS * TINY_GATE.window)
+    program = SlicedProgram(manifest(stages, state, WINDOWS * TINY_GATE.window, 40), torch_runners(stages))
+    ids = document(2 * WINDOWS * TINY_GATE.window + 9)
+    base = program.run(ids[0].numpy(), float_dtype=np.float64)["logits"]
+    for at in (1, WINDOWS * TINY_GATE.window, WINDOWS * TINY_GATE.window + 1, ids.shape[1] - 2):
+        other = ids.clone()
+        other[0, at] = TINY_GATE.sep_id + 1 if int(ids[0, at]) != TINY_GATE.sep_id + 1 else TINY_GATE.sep_id + 2
+        assert np.abs(program.run(other[0].numpy(), float_dtype=np.float64)["logits"] - base).max() > 1e-12
+
+
+def test_onnx_program_against_torch(tmp_path: Path) -> None:
+    """The exported graphs (LaraAttention nodes, onnxruntime, float32) within the whole graph's export tolerance
+    of the serving model; export_windows raises when they are not, and writes the manifest and both graphs."""
+    model = serving()
+    spec = export_windows(model, tmp_path / "sliced", None, windows_per_slice=WINDOWS, quantize=False,
+                          check_lengths=LENGTHS)  # fmt: skip
+    assert sorted(p.name for p in (tmp_path / "sliced").iterdir()) == ["manifest.json", "readout.onnx", "windows.onnx"]
+    assert spec["long_from"] == 40 and spec["chunk"] == WINDOWS * TINY_GATE.window
+    assert [r["seq"] for r in spec["parity"]["cases"]] == LENGTHS
+    assert max(r["max_abs_diff"] for r in spec["parity"]["cases"]) < 1e-4
+
+
+@pytest.mark.parametrize(
+    ("cfg", "why"),
+    [(TINY_POOL, "no windows"), (TINY_WIDE, "wide"), (dataclasses.replace(TINY_LAYERS, tfidf_buckets=0), "no windows")],
+)
+def test_models_it_cannot_slice(cfg, why: str) -> None:  # noqa: ANN001
+    reasons = not_supported_reasons(serving(cfg))
+    assert any(why in r for r in reasons), reasons
+    with pytest.raises(ValueError, match="cannot slice"):
+        build_stages(serving(cfg), 28)
+    assert not_supported_reasons(serving()) == []
+    assert not_supported_reasons(tiny_model(cfg=TINY_GATE)) != []  # no serving head
+
+
+def test_eager_torch_reads_windows_in_groups_with_the_same_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bert_lara.WINDOW_GROUP: eager torch (the torch backend) encodes a long document's windows a group at a
+    time; windows are independent, so the answer is the one-call answer (float64, 1e-12)."""
+    from lara_serve.model_export.models import bert_lara
+
+    model = serving(probe=False).double()
+    ids = document(5 * TINY_GATE.window + 3)  # 6 windows
+    with torch.inference_mode():
+        whole = model(ids, torch.ones_like(ids))
+        monkeypatch.setattr(bert_lara, "WINDOW_GROUP", 4)
+        grouped = model(ids, torch.ones_like(ids))
+    for a, b in zip(whole, grouped, strict=True):
+        np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=0, atol=1e-12)
