@@ -191,3 +191,62 @@ def test_speeches_and_software_descriptions_keep_their_topic() -> None:
             ids = text_item(text.encode(), prep, "head").arrays[IDS][None]
             logits = session.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})[0][0]
             assert NEWS_LABELS[int(np.argmax(logits))] == label, text
+
+
+def test_sliced_program_belongs_to_the_served_graph() -> None:
+    """1/sliced/ (export.sliced_windows): exported for this model.onnx (the server refuses a program whose sha256
+    differs, and a document past long_from would then run on the whole graph, GBs at 1 MiB), taking over where
+    the whole graph's export ends, with its int8 windows graph under 50 MB."""
+    from lara_serve.server.backends.pytorch import file_digests
+
+    conf = json.loads((MODEL / "config.json").read_text())
+    spec = json.loads((MODEL / "1" / "sliced" / "manifest.json").read_text())
+    onnx_path = MODEL / "1" / "model.onnx"
+    assert spec["model_onnx_sha256"] == file_digests([onnx_path])[onnx_path]
+    assert spec["long_from"] == conf["export"]["max_length"] == 16384
+    # the server accepts ~1 MiB of English; the model's own max_length stays the whole graph's (and training's)
+    assert conf["preprocessing"]["max_length"] == 262144 and conf["model"]["max_length"] == 16384
+    assert spec["chunk"] % conf["model"]["window"] == 0
+    assert max(r["max_abs_diff"] for r in spec["parity"]["cases"]) < 1e-4  # the float program against torch
+    assert spec["quantization"]["quantized_matmuls"] == 6 * 4
+    assert (MODEL / "1" / "sliced" / "windows.onnx").stat().st_size < 50 * MB
+
+
+@pytest.mark.timeout(300)
+def test_documents_past_the_whole_graph_run_on_the_program(news_test, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the server's onnxruntime backend: a document of at most long_from pieces runs on the whole graph,
+    and the program reading it agrees (both int8; each computes its activation scales over what one call
+    reads, so they differ by rounding: max class-probability difference 4.1e-4 over 40 composites of 48 KB in
+    benchmarks/results/minilm_long.json, 2e-3 allowed); a longer one runs on the program, alone."""
+    from lara_serve.server.backends.onnx_runtime import OnnxRuntimeBackend
+    from lara_serve.server.preprocess import collate
+
+    config = read_config(MODEL)
+    backend = OnnxRuntimeBackend(MODEL, config, "cpu", num_threads=2)
+    program = backend._sliced
+    assert program is not None and program.long_from == 16384
+    by_label = [d for d in news_test if d.label == 2][:12]
+    short = "\n\n".join(d.text for d in by_label[:3]).encode()
+    item = text_item(short, config.preprocessing, None)
+    assert 1000 < item.length <= program.long_from
+    whole = backend.run_outputs(collate([item], config))
+    sliced = program.run(item.arrays[IDS])
+    p_whole, p_sliced = (
+        np.exp(z - z.max()) / np.exp(z - z.max()).sum() for z in (whole.logits[0], sliced["logits"][0])
+    )
+    assert np.abs(p_whole - p_sliced).max() < 2e-3
+    assert abs(float(whole.ood_score[0]) - float(sliced["ood_score"][0])) < 0.01 * max(
+        1.0, abs(float(whole.ood_score[0]))
+    )
+
+    calls: list[int] = []
+    run = program.run
+    monkeypatch.setattr(program, "run", lambda ids: calls.append(len(ids)) or run(ids))
+    text = "\n\n".join(d.text for d in by_label).encode()
+    long = text_item(text * (-(-4 * program.long_from // text_item(text, config.preprocessing, None).length)),
+                     config.preprocessing, None)  # fmt: skip
+    assert program.long_from < long.length <= config.preprocessing.max_length
+    out = backend.run_outputs(collate([item, long], config))  # one batch: each row by its own length
+    assert calls == [long.length]
+    np.testing.assert_array_equal(out.logits[0], whole.logits[0])  # the short row: the whole graph, as before
+    assert int(out.logits[1].argmax()) == 2  # twelve articles of one topic, repeated: that topic
