@@ -183,18 +183,24 @@ def manifest(serving: ServingModel, stages: list[Stage], state: dict[str, Any], 
     }
 
 
-def export_stage(stage: Stage, path: Path) -> None:
-    """One stage to `path`: dynamo export with named dynamic axes, then onnx.checker's full check."""
+def stage_proto(stage: Stage, **options: Any) -> onnx.ModelProto:
+    """One stage's dynamo export with its named dynamic axes (options: more torch.onnx.export keywords, e.g. a
+    custom translation table)."""
     args = tuple(stage.example[k] for k in stage.inputs)
     dynamic = tuple(stage.dynamic.get(k) for k in stage.inputs)
     with torch.no_grad():
         program = torch.onnx.export(
             stage.module.eval(), args, dynamo=True, opset_version=OPSET, input_names=stage.inputs,
-            output_names=stage.outputs, dynamic_shapes=dynamic, verbose=False,
+            output_names=stage.outputs, dynamic_shapes=dynamic, verbose=False, **options,
         )  # fmt: skip
+    return program.model_proto
+
+
+def export_stage(stage: Stage, path: Path) -> None:
+    """One stage to `path`: dynamo export with named dynamic axes, then onnx.checker's full check."""
     from lara_serve.model_export.export.exporter import strip_debug_metadata
 
-    proto = strip_debug_metadata(program.model_proto)
+    proto = strip_debug_metadata(stage_proto(stage))
     onnx.checker.check_model(proto, full_check=True)
     onnx.save(proto, str(path))
 

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from lara_serve.model_export.export.sliced import MIN, Stage, export_stage, file_sha256
+from lara_serve.model_export.export.sliced import MIN, Stage, export_stage, file_sha256, stage_proto
 from lara_serve.model_export.models.bert_lara import LaraBertClassifier, window_layout
 from lara_serve.model_export.models.ood import SHORT_TEXT_SCORE, ServingModel
 from lara_serve.sliced_program import FOLDER, FORMAT, MANIFEST, SlicedProgram, ort_runners
@@ -163,22 +163,14 @@ def _export_windows(stage: Stage, path: Path) -> None:
 
     from lara_serve.kernels import onnx_export
     from lara_serve.model_export.export.exporter import (
-        OPSET,
         check_graph,
         half_storage,
         lara_layer_count,
         strip_debug_metadata,
     )
 
-    args = tuple(stage.example[k] for k in stage.inputs)
-    dynamic = tuple(stage.dynamic.get(k) for k in stage.inputs)
-    with torch.no_grad():
-        program = torch.onnx.export(
-            stage.module.eval(), args, dynamo=True, opset_version=OPSET, input_names=stage.inputs,
-            output_names=stage.outputs, dynamic_shapes=dynamic, verbose=False,
-            custom_translation_table=onnx_export.custom_translation_table(),
-        )  # fmt: skip
-    proto = half_storage(strip_debug_metadata(onnx_export.attach_lara_function(program.model_proto)))
+    proto = stage_proto(stage, custom_translation_table=onnx_export.custom_translation_table())
+    proto = half_storage(strip_debug_metadata(onnx_export.attach_lara_function(proto)))
     check_graph(proto, expected_lara_nodes=lara_layer_count(stage.module))
     onnx.save(proto, str(path))
 
