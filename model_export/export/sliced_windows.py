@@ -1,5 +1,5 @@
-"""A windowed word-piece model (`lara-news-minilm`) as a sliced program: documents past its whole graph's length
-read in groups of windows, in memory that does not grow with the document.
+"""A windowed word-piece model (`lara-news-minilm`, `lara train`'s frozen-encoder models) as a sliced program:
+documents past its whole graph's length read in groups of windows, in memory that does not grow with them.
 
     python -m lara_serve.model_export.export.sliced_windows --model model_repository/lara-news-minilm
 
@@ -16,8 +16,9 @@ The program (lara_serve.sliced_program's format, run by the server's onnxruntime
    slice's windows through the encoder (one LaraAttention node per layer), each window's gate, then an online
    softmax update of the pool (`pmax`, `psum`, `pacc`: the running max score, sum of exponentials and
    exponential-weighted sum of vectors) and the ood score's running sum of read rows (`osum`);
-2. `readout.onnx`, once: the pooled vector at unit length, the head, the temperature, the ood score and its
-   outlier probe, exactly as the serving model computes them from the same vectors.
+   (for readout "layers", every hidden state's sum instead of the pool; for a wide path, the gram counts);
+2. `readout.onnx`, once: the pooled vector at unit length, the head, the wide path's tf-idf from the counts, the
+   temperature, the ood score and its outlier probe, exactly as the serving model computes them.
 The manifest's `long_from` tells the server to run documents longer than the whole graph's `max_length` on it.
 
 The windows graph is exported with the whole graph's float16 storage and then given the whole graph's int8
@@ -42,6 +43,7 @@ from torch import Tensor, nn
 from lara_serve.model_export.export.sliced import MIN, Stage, export_stage, file_sha256, stage_proto
 from lara_serve.model_export.models.bert_lara import LaraBertClassifier, window_layout
 from lara_serve.model_export.models.ood import SHORT_TEXT_SCORE, ServingModel
+from lara_serve.model_export.models.text import TFIDF_GAIN
 from lara_serve.sliced_program import FOLDER, FORMAT, MANIFEST, SlicedProgram, ort_runners
 
 WINDOWS_PER_SLICE = 8  # 8 x 512 slots per call: the int8 graph's temporaries stay near 100 MB
@@ -52,22 +54,40 @@ def not_supported_reasons(serving: nn.Module) -> list[str]:
     model = getattr(serving, "model", None)
     if not isinstance(serving, ServingModel) or not isinstance(model, LaraBertClassifier):
         return ["not a word-piece classifier with its serving head (bert_lara.LaraBertClassifier in a ServingModel)"]
-    cfg, reasons = model.cfg, []
-    if not cfg.window:
+    reasons = []
+    if not model.cfg.window:
         reasons.append("no windows (model.window 0): the document is one attention, not independent windows")
-    if model.pool is None:
-        reasons.append(f"readout {cfg.readout!r} (only the attention pool is supported)")
-    if model.tfidf is not None:
-        reasons.append("a wide (tf-idf) path, which counts grams over the whole document")
     if serving.input_score is not None:
         reasons.append("an input-space ood score, which reads byte ids")
     return reasons
 
 
+STATE = ("pmax", "psum", "pacc", "osum", "lsum", "counts")  # the graphs' fixed signature (torch.export takes no *args)
+
+
+def state_spec(model: LaraBertClassifier) -> dict[str, dict[str, Any]]:
+    """The running state of `model`'s program, by name (initial value, shape, dtype), in STATE's order: the
+    attention pool's online softmax, the sum of the last hidden state's read rows (the ood score; the mean
+    readout), every hidden state's sum (readout "layers"), the wide path's gram counts. What the model does not
+    use is one zero that the graphs pass on unchanged."""
+    d, unused = model.cfg.dim, {"shape": [1], "fill": 0.0, "dtype": "float32"}
+    pool, layers, wide = model.pool is not None, model.blocks > 1, model.tfidf is not None
+    return {
+        "pmax": {"shape": [1], "fill": MIN, "dtype": "float32"} if pool else unused,
+        "psum": {"shape": [1], "fill": 0.0, "dtype": "float32"} if pool else unused,
+        "pacc": {"shape": [1, d], "fill": 0.0, "dtype": "float32"} if pool else unused,
+        "osum": {"shape": [1, d], "fill": 0.0, "dtype": "float32"},
+        "lsum": {"shape": [1, d * model.blocks], "fill": 0.0, "dtype": "float32"} if layers else unused,
+        # float32 counts are exact up to 2**24 occurrences of one gram
+        "counts": {"shape": [1, model.tfidf.buckets], "fill": 0.0, "dtype": "float32"} if wide else unused,
+    }
+
+
 class WindowsStage(nn.Module):
-    """(ids [1, w] the slice's ids and one more, start [] its first piece, n [] the document's ids, pool and ood
-    state) -> the next state. The slice's pieces are ids[1 : 1 + count], count = min(w - 1, n - 2 - start)
-    clamped at 0 (the last ids of the document are [SEP], then nothing)."""
+    """(ids [1, w] the slice's ids and one more, start [] its first piece, n [] the document's ids, then the
+    state in STATE's order) -> the next state, in the same order. The slice's pieces are ids[1 : 1 + count], count =
+    min(w - 1, n - 2 - start) clamped at 0 (the last ids of the document are [SEP], then nothing); ids[0] is
+    the piece before them (or [CLS]), which the wide path's first bigram reads."""
 
     def __init__(self, serving: ServingModel) -> None:
         super().__init__()
@@ -75,47 +95,75 @@ class WindowsStage(nn.Module):
         self.pad_id = int(self.model.encoder.cfg.pad_id)
 
     def forward(
-        self, ids: Tensor, start: Tensor, n: Tensor, pmax: Tensor, psum: Tensor, pacc: Tensor, osum: Tensor
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        self, ids: Tensor, start: Tensor, n: Tensor, pmax: Tensor, psum: Tensor, pacc: Tensor, osum: Tensor,
+        lsum: Tensor, counts: Tensor,
+    ) -> tuple[Tensor, ...]:  # fmt: skip
         model, cfg = self.model, self.model.cfg
+        old = {"pmax": pmax, "psum": psum, "pacc": pacc, "osum": osum, "lsum": lsum, "counts": counts}
         w = ids.shape[1]
         count = torch.clamp(torch.minimum(n - 2 - start, torch.full_like(n, w - 1)), min=0)  # [] pieces here
         # one row [CLS] + the slice's pieces + [SEP], as the server would send them for this slice alone
         row = torch.cat([ids, torch.full_like(ids[:, :1], self.pad_id)], 1)  # [1, w + 1]
         slot = torch.arange(w + 1)[None]
+        pieces = (slot >= 1) & (slot <= count)  # [1, w + 1]
         row = torch.where(slot == 0, torch.full_like(row, cfg.cls_id), row)
         row = torch.where(slot == count + 1, torch.full_like(row, cfg.sep_id), row)
         mask = (slot <= count + 1).long()
         wids, wmask, read = window_layout(row, mask, cfg.window, cfg.cls_id, cfg.sep_id, self.pad_id)
         read = read * (count > 0).long()  # a slice past the last piece reads nothing (the whole graph has none)
-        x = model.encoder(wids, wmask).reshape(1, -1, cfg.dim)  # [1, J * (W + 2), D]
-        bias = model.window_bias(x, read, mask)
-        s = model.pool.score(x).squeeze(-1)  # [1, J * (W + 2)]
-        if bias is not None:
-            s = s + bias
-        s = s.masked_fill(read == 0, MIN)
-        top = torch.maximum(pmax, s.max(-1).values)  # [1]
-        e = torch.exp(s - top[:, None]) * read.to(s.dtype)  # [1, rows]; unread rows exactly 0
-        keep = torch.exp(pmax - top)  # [1]: the old sums' scale
-        next_psum = psum * keep + e.sum(-1)
-        next_pacc = pacc * keep[:, None] + (e.unsqueeze(1) @ x).squeeze(1)
-        next_osum = osum + (x * read.unsqueeze(-1).to(x.dtype)).sum(1)
-        return top, next_psum, next_pacc, next_osum
+        x = model.encoder(wids, wmask, all_layers=model.blocks > 1).reshape(1, -1, cfg.dim * model.blocks)
+        r = read.unsqueeze(-1).to(x.dtype)  # [1, rows, 1]
+        new = {**old, "osum": osum + (model.last_state(x) * r).sum(1)}
+        if model.pool is not None:
+            bias = model.window_bias(x, read, mask)
+            s = model.pool.score(x).squeeze(-1)  # [1, J * (W + 2)]
+            if bias is not None:
+                s = s + bias
+            s = s.masked_fill(read == 0, MIN)
+            top = torch.maximum(old["pmax"], s.max(-1).values)  # [1]
+            e = torch.exp(s - top[:, None]) * read.to(s.dtype)  # [1, rows]; unread rows exactly 0
+            keep = torch.exp(old["pmax"] - top)  # [1]: the old sums' scale
+            new |= {"pmax": top, "psum": old["psum"] * keep + e.sum(-1),
+                    "pacc": old["pacc"] * keep[:, None] + (e.unsqueeze(1) @ x).squeeze(1)}  # fmt: skip
+        if model.blocks > 1:
+            new["lsum"] = old["lsum"] + (x * r).sum(1)
+        if model.tfidf is not None:  # the piece before the slice, then its pieces; the first unigram is not ours
+            g = torch.where(slot == 0, ids[:, :1], torch.where(pieces, row, torch.zeros_like(row)))
+            bucket, real = model.tfidf.grams(g)  # [1, 2 (w + 1)] each
+            real = real & (torch.arange(real.shape[1])[None] != 0)
+            new["counts"] = old["counts"].scatter_add(1, bucket, real.to(old["counts"].dtype))
+        return tuple(new[k] for k in STATE)
 
 
 class WindowsReadout(nn.Module):
-    """(n [], psum [1], pacc [1, D], osum [1, D]) -> (logits / temperature [1, C], ood_score [1]), as
-    TextServingModel.forward computes them from the pool's weighted sum and the read rows' sum."""
+    """(n [], the state in STATE's order) -> (logits / temperature [1, C], ood_score [1]), as
+    TextServingModel.forward computes them from the same sums: the pool's weighted sum, the read rows' sums,
+    the gram counts (TfidfHead's tf-idf from counts: (1 + ln c) idf per distinct bucket, at unit length)."""
 
     def __init__(self, serving: ServingModel) -> None:
         super().__init__()
         self.serving = serving
 
-    def forward(self, n: Tensor, psum: Tensor, pacc: Tensor, osum: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(
+        self, n: Tensor, pmax: Tensor, psum: Tensor, pacc: Tensor, osum: Tensor, lsum: Tensor, counts: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        del pmax  # the pool's running max: its scale cancels in pacc / psum
         serving, model = self.serving, self.serving.model
-        read = nn.functional.normalize(pacc / psum[:, None], p=2, dim=-1)  # AttentionPool's output
-        pooled = nn.functional.normalize(osum, p=2, dim=-1)  # mean_pool: the unit mean of the read rows
+        st = {"psum": psum, "pacc": pacc, "osum": osum, "lsum": lsum, "counts": counts}
+        unit = nn.functional.normalize
+        pooled = unit(st["osum"], p=2, dim=-1)  # mean_pool: the unit mean of the last hidden state's read rows
+        if model.pool is not None:
+            read = unit(st["pacc"] / st["psum"][:, None], p=2, dim=-1)  # AttentionPool's output
+        elif model.blocks > 1:  # layer_means: each hidden state's unit mean, scaled to unit length together
+            sums = st["lsum"].reshape(1, model.blocks, -1)
+            read = (unit(sums, p=2, dim=-1) / model.blocks**0.5).reshape(1, -1)
+        else:
+            read = pooled
         logits = model.head(read)
+        if model.tfidf is not None:
+            c = st["counts"]
+            tf = torch.where(c > 0, 1.0 + torch.log(c.clamp_min(1.0)), torch.zeros_like(c)) * model.tfidf.idf
+            logits = logits + TFIDF_GAIN * unit(tf, p=2, dim=-1, eps=1e-12) @ model.tfidf.weight
         score = serving.combine(serving.ood(pooled), None, None if serving.probe is None else serving.probe(pooled))
         min_pieces = getattr(model.cfg, "min_pieces", 0)
         if min_pieces:
@@ -132,25 +180,15 @@ def build_stages(serving: ServingModel, chunk: int) -> tuple[list[Stage], dict[s
     reasons = not_supported_reasons(serving)
     if reasons:
         raise ValueError("cannot slice this model by windows: " + "; ".join(reasons))
-    d = serving.model.cfg.dim
-    state = {
-        "pmax": {"shape": [1], "fill": MIN, "dtype": "float32"},
-        "psum": {"shape": [1], "fill": 0.0, "dtype": "float32"},
-        "pacc": {"shape": [1, d], "fill": 0.0, "dtype": "float32"},
-        "osum": {"shape": [1, d], "fill": 0.0, "dtype": "float32"},
-    }
+    model: LaraBertClassifier = serving.model  # type: ignore[assignment]
+    state = state_spec(model)
     init = {k: torch.full(v["shape"], v["fill"]) for k, v in state.items()}
-    w = 3 * serving.model.cfg.window + 7  # example: several windows, a short last one (any size traces the same)
-    feeds = {
-        "ids": torch.randint(*_word_ids(serving.model.cfg.vocab_size), (1, w)),
-        "start": torch.tensor(0),
-        "n": torch.tensor(10 * w),
-        **init,
-    }
-    windows = Stage("windows.onnx", "slices", WindowsStage(serving), list(feeds),
-                    ["next_pmax", "next_psum", "next_pacc", "next_osum"], feeds,
-                    {"ids": {1: torch.export.Dim("window", min=2)}})  # fmt: skip
-    read_in = {"n": feeds["n"], "psum": torch.ones(1), "pacc": torch.randn(1, d), "osum": torch.randn(1, d)}
+    w = 3 * model.cfg.window + 7  # example: several windows, a short last one (any size traces the same)
+    feeds = {"ids": torch.randint(*_word_ids(model.cfg.vocab_size), (1, w)), "start": torch.tensor(0),
+             "n": torch.tensor(10 * w), **init}  # fmt: skip
+    windows = Stage("windows.onnx", "slices", WindowsStage(serving), list(feeds), [f"next_{k}" for k in state],
+                    feeds, {"ids": {1: torch.export.Dim("window", min=2)}})  # fmt: skip
+    read_in = {"n": feeds["n"], **{k: v + 1.0 for k, v in init.items()}}  # any positive sums
     readout = Stage("readout.onnx", "once", WindowsReadout(serving), list(read_in), ["logits", "ood_score"],
                     read_in, {})  # fmt: skip
     return [windows, readout], state
