@@ -20,6 +20,7 @@ take minutes to read; the e-mails are read by their first 1,024 pieces, as the b
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import tempfile
 import time
@@ -41,8 +42,9 @@ MAX_LENGTH = {"emails": 1024, "sources": 1024}
 PARTS = ("train", "holdout", "test")
 
 
-def features(name: str, data: Path, cache: Path) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    """Each part's unit means of every hidden state [N, 7, D] and its labels, read as `lara train` reads them."""
+def features(name: str, data: Path, cache: Path, window: int = 0) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """Each part's unit means of every hidden state [N, 7, D] and its labels, read as `lara train` reads them
+    (window > 0: in windows of that many pieces, each its own [CLS] ... [SEP], as lara-news-minilm reads)."""
     p = argparse.ArgumentParser()
     add_arguments(p)
     argv = [str(data / f"{name}.jsonl"), "--out", str(Path(tempfile.mkdtemp()) / "m"), "--seed", "0"]
@@ -50,6 +52,9 @@ def features(name: str, data: Path, cache: Path) -> tuple[dict[str, Tensor], dic
         argv += ["--max-length", str(MAX_LENGTH[name])]
     prep = command.prepare(p.parse_args(argv), userdist.setup())
     assert isinstance(prep, pretrained_init.Frozen) and prep.model.blocks == 7
+    if window:
+        prep.cfg = dataclasses.replace(prep.cfg, window=window)
+        prep.model.cfg = prep.cfg
     labels = {part: torch.from_numpy(np.asarray(prep.labels[part])) for part in PARTS}
     if cache.is_file():
         return torch.load(cache), labels
@@ -76,12 +81,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cache", type=Path, default=Path("runs/frozen_layer_means"))
     ap.add_argument("--out", type=Path, default=Path("research/results/frozen_layer_means.json"))
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--window", type=int, default=0, help="read in windows of this many pieces (0: whole)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     out: dict[str, dict] = {}
     for name in args.sets:
         t0 = time.process_time()
-        feats, y = features(name, args.data, args.cache / f"{name}.pt")
+        suffix = f"-w{args.window}" if args.window else ""
+        feats, y = features(name, args.data, args.cache / f"{name}{suffix}.pt", args.window)
         rows = {}
         for choice, blocks in CHOICES.items():
             f = {part: torch.nn.functional.normalize(feats[part][:, list(blocks)].flatten(1), dim=-1) for part in PARTS}
@@ -91,7 +98,9 @@ def main(argv: list[str] | None = None) -> None:
             print(name, choice, rows[choice], flush=True)
         n = {part: len(y[part]) for part in PARTS}
         out[name] = {"n": n, "choices": rows, "cpu_s": round(time.process_time() - t0, 1)}
-    args.out.write_text(json.dumps({"command": "python -m research.frozen_layer_means --sets " + " ".join(args.sets),
+    command = "python -m research.frozen_layer_means --sets " + " ".join(args.sets)
+    command += f" --window {args.window} --out {args.out}" if args.window else ""
+    args.out.write_text(json.dumps({"command": command,
                                     "selection": "holdout accuracy (test scored for the record)", "sets": out},
                                    indent=1) + "\n")  # fmt: skip
 

@@ -223,8 +223,8 @@ def embed(prep: Frozen, seqs: Sequence[Sequence[int]], bar: Any = None) -> tuple
             j += 1
         idx = order[i:j]
         ids, mask = pad_pieces([seqs[k] for k in idx], prep.tok.pad_id)
-        x = model.forward_features(ids, mask)  # no window: the mask is the rows the readouts pool
-        read[idx], pooled[idx] = model.head_features(x, mask), model.forward_pooled(x, mask)
+        x = model.forward_features(ids, mask)  # with windows: every window's slots, read_mask the real ones
+        read[idx], pooled[idx] = model.head_features(x, model.read_mask(mask)), model.forward_pooled(x, mask)
         if bar is not None:
             bar.update(len(idx))
         i = j
