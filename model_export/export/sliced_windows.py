@@ -4,25 +4,26 @@ documents past its whole graph's length read in groups of windows, in memory tha
     python -m lara_serve.model_export.export.sliced_windows --model model_repository/lara-news-minilm
 
 Why: the model reads its text in windows of W pieces, each its own [CLS] + pieces + [SEP], and pools every
-window's vectors with one softmax over all of them (bert_lara.AttentionPool, gated per window by WindowGate).
-Nothing but that softmax and the ood score's mean crosses a window's edge, so a document of any length is a
-sequence of independent window groups plus two running sums. The whole graph holds every piece's activations at
-once (ORT arenas of tens of KB per piece); here one group's temporaries and a few vectors are all there is, and
-the document's length is bounded by time, not memory: 1 MiB of English, about 260 K pieces, fits the pod.
+window's vectors with one softmax over all of them (bert_lara.AttentionPool, gated per window by WindowGate) or
+with means (readout "layers"). Nothing but those sums, the ood score's mean and the wide path's gram counts
+crosses a window's edge, so a document of any length is a sequence of independent window groups plus a few
+running sums. The whole graph holds every piece's activations at once (its onnxruntime arena: 564 MiB after one
+64 KB document for lara-news-minilm); here one group's temporaries and the sums are all there is, and the
+document's length is bounded by time, not memory (1 MiB of English, about 220 K pieces: 420 MiB at the peak).
 
 The program (lara_serve.sliced_program's format, run by the server's onnxruntime backend) has two passes:
 1. `windows.onnx`, over slices of `chunk` = k x W pieces of the stream (the slice's ids with one piece of halo on
    the right, because the document's ids are [CLS] + pieces + [SEP] and the pieces start at position 1): the
    slice's windows through the encoder (one LaraAttention node per layer), each window's gate, then an online
    softmax update of the pool (`pmax`, `psum`, `pacc`: the running max score, sum of exponentials and
-   exponential-weighted sum of vectors) and the ood score's running sum of read rows (`osum`);
-   (for readout "layers", every hidden state's sum instead of the pool; for a wide path, the gram counts);
+   exponential-weighted sum of vectors) and the ood score's running sum of read rows (`osum`); for readout
+   "layers" every hidden state's sum (`lsum`) instead of the pool, for a wide path the gram counts (`counts`);
 2. `readout.onnx`, once: the pooled vector at unit length, the head, the wide path's tf-idf from the counts, the
    temperature, the ood score and its outlier probe, exactly as the serving model computes them.
 The manifest's `long_from` tells the server to run documents longer than the whole graph's `max_length` on it.
 
-The windows graph is exported with the whole graph's float16 storage and then given the whole graph's int8
-weights (export.quantize, the query and key projections float: pretrained.int8.FLOAT_PROJECTIONS), so both
+The windows graph is exported with the whole graph's float16 storage and, for an int8 model (lara-news-minilm;
+`lara train`'s are float), then given the whole graph's int8 weights (export.quantize, the query and key projections float: pretrained.int8.FLOAT_PROJECTIONS), so both
 paths compute with the same numbers; the float program's parity with the torch serving model is checked first
 (exactness of the slicing), then the int8 program's agreement with the float one (the quantization's cost).
 """

@@ -159,6 +159,8 @@ def finish(
     max_length = prep.cfg.max_length if isinstance(prep.cfg, TextConfig) else None
     with phases.phase("export"):
         export_model_dir(stage, max_length=max_length)
+        if getattr(prep, "after_export", None) is not None:  # a word-piece model: documents past the whole graph
+            prep.after_export(stage)
     (stage / "split.json").write_text(json.dumps(split, indent=2) + "\n")
     report = {
         "name": args.out.name,

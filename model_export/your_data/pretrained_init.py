@@ -4,7 +4,10 @@ The byte encoder of `lara train` is trained; a converted pretrained encoder (`la
 read through LARA in every layer, lara_serve.model_export.pretrained) already reads English, so it stays frozen.
 Every training, holdout and test document is read once, whole (its first max_length word pieces: the served
 model reads a longer one the same way, config.json preprocessing.truncate = "head"), to the unit-length means of
-the embeddings' output and of every layer's, concatenated (readout "layers", bert_lara.layer_means). A
+the embeddings' output and of every layer's, concatenated (readout "layers", bert_lara.layer_means). A max_length
+above the --init model's own (16,384) reads in windows of the encoder's 510 learned positions (each its own
+[CLS] ... [SEP]), keeps the whole graph at 16,384 and exports a sliced program for longer documents
+(Frozen.after_export, export.sliced_windows). A
 logistic-regression head is fitted on them, its C chosen by holdout log-loss (pretrained.classifier.fit_head,
 over LAYERS_C_GRID); the ood score reads the last layer's mean, as `lara-news-minilm`'s does; the temperature and
 the ood score are those of
@@ -62,6 +65,9 @@ PROBE_PIECES, PROBE_DOCS = 4096, 32  # the probe embeds a seeded few training do
 # CPU seconds of the phases that do not grow with the data, measured on one core of the shared machine and
 # rounded up: the export of lara-news-minilm's 22 M parameters with its parity run up to 16,384 pieces (32 s).
 EXPORT_S = 45.0
+# The sliced program of a run reading past the whole graph (--max-length above 16,384): its export and its parity
+# against torch at five lengths up to 3 slices, 50 s for lara-news-minilm's on one core of the shared machine.
+PROGRAM_EXPORT_S = 60.0
 # The head's fit: seven logistic regressions (LAYERS_C_GRID) on [N, 7 x 384] layer means, and the report's scoring
 # of the wide path, per training document and class (at least 2): the fit alone measured 3.0 s for 1,440 subject
 # lines of 2 classes, 8.3 s for 900 e-mails of 3, 36.6 s for 1,440 messages of 5 (5.1e-3 s; one thread); the
@@ -119,6 +125,7 @@ class Frozen:
     no_baseline: bool
     seed: int
     fit_length: bool = False  # no --max-length given: a budget too small to read whole reads each document's head
+    whole_length: int = 16384  # the --init model's max_length: the longest document its whole graph reads
     seqs: dict[str, list[list[int]]] = dataclasses.field(default_factory=dict)
     full: dict[str, list[int]] = dataclasses.field(default_factory=dict)  # whole lengths in pieces
     cached: dict[str, tuple[Tensor, Tensor, Tensor]] = dataclasses.field(default_factory=dict)
@@ -147,9 +154,21 @@ class Frozen:
         return self.baseline_result
 
     def save(self, model: LaraBertClassifier, conf: dict[str, Any], out: Path, serving: ServingModel) -> None:
-        """Weights as the shipped word-piece model stores them (float16 where exact) and its tokenizer."""
+        """Weights as the shipped word-piece model stores them (float16 where exact) and its tokenizer. A run that
+        read past the --init model's whole graph (--max-length above it) saves that length as the whole graph's:
+        `after_export` gives the longer documents their sliced program."""
+        if self.cfg.max_length > self.whole_length:
+            conf["model"]["max_length"] = conf["preprocessing"]["max_length"] = self.whole_length
         save_half(model, conf, out, serving)
         shutil.copyfile(self.init / TOKENIZER_FILE, out / TOKENIZER_FILE)
+
+    def after_export(self, out: Path) -> None:
+        """Documents longer than the whole graph's length: the sliced program (float, as the whole graph is),
+        and config.json preprocessing.max_length back to what this run read."""
+        if self.cfg.max_length > self.whole_length:
+            from lara_serve.model_export.export.sliced_windows import export_windows_dir
+
+            export_windows_dir(out, quantize=False, max_length=self.cfg.max_length)
 
 
 def prepare(args: argparse.Namespace, d: Any) -> Frozen:
@@ -160,10 +179,17 @@ def prepare(args: argparse.Namespace, d: Any) -> Frozen:
     if not (init / TOKENIZER_FILE).is_file():
         raise UsageError(f"--init {args.init}: a word-piece model needs its {TOKENIZER_FILE} in {init}")
     base = load_pretrained(init)
-    # read whole to the layers' means, as `embed` reads for the head: the --init model's windows, pool and window
-    # gate are its own head's readout (fitted on news with filler), not this one's
-    cfg = dataclasses.replace(base.cfg, num_classes=len(d.names), readout=READOUT, window=0, window_gate=0.0,
-                              max_length=args.max_length or base.cfg.max_length)  # fmt: skip
+    # the layers' means over the whole document, as `embed` reads for the head: the --init model's pool and window
+    # gate are its own head's readout (fitted on news with filler), not this one's. A run reading past the --init
+    # model's length reads in windows of its learned positions instead: windows are what a sliced program can cut
+    # (export.sliced_windows), and the whole graph never holds more than the --init model's length. Not by
+    # default: windows cost 1.19x on e-mails read to 1,024 pieces, 1.10x to 4,096 (the last window of a text is
+    # padded; research/frozen_windows_cost.py), and scored the same on the e-mails' holdout (93 vs 91%, n=100;
+    # research/results/frozen_layer_means_windows.json).
+    max_length = args.max_length or base.cfg.max_length
+    window = base.cfg.max_positions - 2 if max_length > base.cfg.max_length else 0
+    cfg = dataclasses.replace(base.cfg, num_classes=len(d.names), readout=READOUT, window=window, window_gate=0.0,
+                              max_length=max_length)  # fmt: skip
     model = LaraBertClassifier(cfg, seed=int(load_config(init).get("seed", 0)))
     model.encoder.load_state_dict(base.encoder.state_dict(), strict=True)  # the head stays fresh (fitted later)
     model.requires_grad_(False).eval()
@@ -190,7 +216,8 @@ def prepare(args: argparse.Namespace, d: Any) -> Frozen:
                     "at_most": {"documents": budget.OOD_FIT_DOCS, "bytes": budget.OOD_FIT_BYTES}},
     }  # fmt: skip
     return Frozen(data, test, split, d.names, model, cfg, init, hp, WordPieces.from_dir(init), docs, labels, sample,
-                  heads, args.no_wide, args.no_baseline, args.seed, fit_length=args.max_length is None)  # fmt: skip
+                  heads, args.no_wide, args.no_baseline, args.seed, fit_length=args.max_length is None,
+                  whole_length=base.cfg.max_length)  # fmt: skip
 
 
 # -- word pieces, embeddings, the probe ----------------------------------------------------------------------
@@ -301,7 +328,8 @@ def _estimate(prep: Frozen, rate: float, probe_s: float, pieces: dict[str, int] 
         baseline_s=0.0 if prep.no_baseline else budget.baseline_s(train_bytes, n, classes),
         epoch_s=budget.SAFETY * rate * pieces["train"],
         after_s=budget.SAFETY * (rate * (pieces["holdout"] + pieces["test"] + pieces["heads"])
-                                 + HEAD_S_PER_DOC_CLASS * n * max(classes, 2)) + EXPORT_S + budget.REPORT_S,
+                                 + HEAD_S_PER_DOC_CLASS * n * max(classes, 2)) + EXPORT_S + budget.REPORT_S
+                 + (PROGRAM_EXPORT_S if prep.cfg.max_length > prep.whole_length else 0.0),
     )  # fmt: skip
 
 

@@ -82,6 +82,36 @@ def live_url(work: Path) -> Iterator[str]:
         yield url
 
 
+def test_a_run_reading_past_the_whole_graph_serves_long_documents_on_its_sliced_program(work: Path) -> None:
+    """--max-length above the --init model's own (128 pieces here, 16,384 for lara-news-minilm): the documents are
+    read in windows of its learned positions, the whole graph keeps that length, a sliced program
+    (export.sliced_windows, float) reads the longer documents, and the server's onnxruntime backend gives the
+    torch model's answer for a document past the whole graph."""
+    from lara_serve.server.backends.onnx_runtime import OnnxRuntimeBackend
+    from lara_serve.server.preprocess import collate, text_item
+    from lara_serve.server.repository import read_config
+
+    out = work / "repo" / "long"
+    rc = main([str(work / "news.jsonl"), "--out", str(out), "--init", str(work / "tiny-wp"), "--max-length", "400",
+               *RUN])  # fmt: skip
+    assert rc == 0
+    conf = json.loads((out / "config.json").read_text())
+    assert conf["model"]["max_length"] == conf["export"]["max_length"] == TINY.max_length == 128
+    assert conf["preprocessing"]["max_length"] == 400 and conf["export"]["sliced"]["long_from"] == 128
+    assert conf["model"]["window"] == TINY.max_positions - 2
+    config = read_config(out)
+    backend = OnnxRuntimeBackend(out, config, "cpu", num_threads=1)
+    assert backend._sliced is not None and backend._sliced.long_from == 128
+    text = " ".join(["goal", "match", "team", "bank", "profit"] * 60)  # 300 pieces: past the whole graph
+    item = text_item(text.encode(), config.preprocessing, None)
+    assert 128 < item.length <= 400 and not item.truncated
+    got = backend.run_outputs(collate([item], config))
+    with torch.inference_mode():
+        logits, ood = load_pretrained(out, serving=True)(**_ids(out, text, 400))
+    np.testing.assert_allclose(got.logits, logits.numpy(), rtol=0, atol=1e-4)
+    assert float(got.ood_score[0]) == pytest.approx(float(ood[0]), rel=1e-3)
+
+
 def _ids(folder: Path, text: str, max_pieces: int) -> dict[str, torch.Tensor]:
     ids = torch.tensor([WordPieces.from_dir(folder).encode(text, max_pieces)])
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
@@ -191,6 +221,10 @@ def test_the_shipped_name_resolves_to_its_frozen_encoder(tmp_path: Path) -> None
     assert isinstance(prep, pretrained_init.Frozen) and prep.init == SHIPPED / "lara-news-minilm"
     shipped = load_pretrained(SHIPPED / "lara-news-minilm")
     assert prep.cfg == dataclasses.replace(shipped.cfg, num_classes=3, readout="layers", window=0, window_gate=0.0)
+    # past the shipped encoder's 16,384 pieces: windows of its 510 learned positions (a sliced program's unit)
+    longer = prepare(_args([*argv, "--init", "lara-news-minilm", "--max-length", "65536"]))
+    assert isinstance(longer, pretrained_init.Frozen)
+    assert longer.cfg == dataclasses.replace(prep.cfg, window=510, max_length=65536)
     assert all(torch.equal(a, b) for a, b in zip(prep.model.encoder.state_dict().values(),
                                                    shipped.encoder.state_dict().values(), strict=True))  # fmt: skip
     assert not any(p.requires_grad for p in prep.model.parameters()) and not (tmp_path / "m").exists()
