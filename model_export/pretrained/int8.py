@@ -237,14 +237,24 @@ def quantize_served(model_dir: Path = MODEL, threads: int = 1, limit: int = 0, s
     }
     conf["export"]["size_bytes"] = served.stat().st_size
     (model_dir / "config.json").write_text(json.dumps(conf, indent=2) + "\n")
-    if (model_dir / VERSION / "sliced").is_dir():  # documents past the whole graph: their program, for this graph
-        from lara_serve.model_export.export.sliced_windows import export_windows_dir
-
-        export_windows_dir(model_dir, quantize=True, max_length=int(conf["preprocessing"]["max_length"]))
+    refresh_sliced_program(model_dir)
     summary = {"seconds": round(time.perf_counter() - t0, 1), "temperature": [t_old, t_new],
                "threshold": [threshold_float, threshold], "test": by_form, "quantization": conf["export"]["quantization"]}  # fmt: skip
     print(json.dumps(summary, indent=2))
     return summary
+
+
+def refresh_sliced_program(model_dir: Path) -> bool:
+    """Re-export `1/sliced/` when the folder exists (int8 when config.json export.quantization says the graph is):
+    the server refuses a program exported for another model.onnx, and would then read documents past the whole
+    graph on the whole graph. Returns whether there was one."""
+    if not (model_dir / VERSION / "sliced").is_dir():
+        return False
+    from lara_serve.model_export.export.sliced_windows import export_windows_dir
+
+    max_length = int(load_config(model_dir)["preprocessing"]["max_length"])
+    export_windows_dir(model_dir, max_length=max_length)
+    return True
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -6,6 +6,7 @@ models it refuses."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import numpy as np
@@ -27,10 +28,10 @@ from lara_serve.sliced_program import SlicedProgram
 WINDOWS = 2  # windows per slice: a slice is 2 x 14 pieces, so short documents cross several slices
 
 
-def serving(cfg=TINY_GATE, probe: bool = True) -> ServingModel:  # noqa: ANN001 - a BertTextConfig
+def serving(cfg=TINY_GATE, probe: bool = True, max_length: int = 40) -> ServingModel:  # noqa: ANN001
     """A serving head as lara-news-minilm's: Mahalanobis score and, with `probe`, an outlier probe (which computes
     in float32 whatever its input: the float64 tests leave it out, the onnxruntime test has it)."""
-    model = tiny_model(cfg=dataclasses.replace(cfg, max_length=40))
+    model = tiny_model(cfg=dataclasses.replace(cfg, max_length=max_length))
     g = torch.Generator().manual_seed(1)
     d = cfg.dim
     ood = MahalanobisScore(torch.randn(cfg.num_classes, d, generator=g), torch.eye(d) * 3.0)
@@ -128,3 +129,31 @@ def test_eager_torch_reads_windows_in_groups_with_the_same_answer(monkeypatch: p
         grouped = model(ids, torch.ones_like(ids))
     for a, b in zip(whole, grouped, strict=True):
         np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=0, atol=1e-12)
+
+
+def test_the_int8_step_re_exports_a_program_made_for_another_graph(tmp_path: Path) -> None:
+    """pretrained.int8.refresh_sliced_program: after model.onnx changed (the int8 step rewrites it), the program is
+    exported again for the new graph (the server checks that sha256; int8 when the graph is, float here: a tiny
+    model's weights are under export.half_storage's size, so nothing is quantized), and the accepted length stays."""
+    from lara_serve.model_export.export.exporter import export_model_dir
+    from lara_serve.model_export.export.sliced_windows import export_windows_dir
+    from lara_serve.model_export.models.hub import make_config_dict
+    from lara_serve.model_export.pretrained.classifier import save_half
+    from lara_serve.model_export.pretrained.int8 import refresh_sliced_program, set_initializer
+    from lara_serve.server.backends.pytorch import file_digests
+
+    model = serving(max_length=128)  # the whole graph's export traces 64 pieces
+    folder = tmp_path / "tiny"
+    save_half(model.model, make_config_dict("tiny", model.model.cfg, ["a", "b", "c"]), folder, model)
+    assert not refresh_sliced_program(folder)  # no program: nothing to do
+    export_model_dir(folder)
+    export_windows_dir(folder, quantize=False, max_length=400)
+    graph = folder / "1" / "model.onnx"
+    set_initializer(graph, "temperature", 2.0)  # another model.onnx
+    manifest_path = folder / "1" / "sliced" / "manifest.json"
+    assert json.loads(manifest_path.read_text())["model_onnx_sha256"] != file_digests([graph])[graph]
+    assert refresh_sliced_program(folder)
+    spec = json.loads(manifest_path.read_text())
+    assert spec["model_onnx_sha256"] == file_digests([graph])[graph]
+    assert "quantization" not in spec and spec["long_from"] == 128
+    assert json.loads((folder / "config.json").read_text())["preprocessing"]["max_length"] == 400
