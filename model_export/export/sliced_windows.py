@@ -23,7 +23,7 @@ The program (lara_serve.sliced_program's format, run by the server's onnxruntime
 The manifest's `long_from` tells the server to run documents longer than the whole graph's `max_length` on it.
 
 The windows graph is exported with the whole graph's float16 storage and, for an int8 model (lara-news-minilm;
-`lara train`'s are float), then given the whole graph's int8 weights (export.quantize, the query and key projections float: pretrained.int8.FLOAT_PROJECTIONS), so both
+`lara train`'s are float), then given the whole graph's int8 weights (export.quantize, the query and key projections float: FLOAT_PROJECTIONS), so both
 paths compute with the same numbers; the float program's parity with the torch serving model is checked first
 (exactness of the slicing), then the int8 program's agreement with the float one (the quantization's cost).
 """
@@ -314,8 +314,7 @@ def export_windows(
 def _quantize(
     staging: Path, spec: dict[str, Any], weights: Path | None, serving: ServingModel, lengths: list[int], vocab: int
 ) -> dict[str, Any]:
-    from lara_serve.model_export.export.quantize import quantize_file
-    from lara_serve.model_export.pretrained.int8 import FLOAT_PROJECTIONS, matmuls_of
+    from lara_serve.model_export.export.quantize import FLOAT_PROJECTIONS, matmuls_of, quantize_file
 
     floats = staging.parent / "float"
     shutil.copytree(staging, floats)

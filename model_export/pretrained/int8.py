@@ -42,7 +42,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from lara_serve.model_export.export.exporter import export_model_dir, make_session
-from lara_serve.model_export.export.quantize import quantize_file
+from lara_serve.model_export.export.quantize import FLOAT_PROJECTIONS, matmuls_of, quantize_file
 from lara_serve.model_export.head.calibration import ECE_BINS, ece_floor, expected_calibration_error, fit_temperature
 from lara_serve.model_export.head.finalize import PASS_RATE
 from lara_serve.model_export.models.hub import VERSION, load_config
@@ -55,11 +55,6 @@ from lara_serve.model_export.training.data import load_news
 MODEL = Path(__file__).resolve().parents[2] / "model_repository" / "lara-news-minilm"
 ONNX_FILE = "model.onnx"
 TEMPERATURE = "temperature"  # the serving head's initializer: logits = linear / temperature
-# Projections kept in float32: the query and key projections feed LARA's exponentials (the proposals'
-# importance weights and the kernel), where an int8 error is multiplied rather than added. Chosen on the
-# holdout only (research/minilm_int8_layers.py): with all 36 projections int8 the holdout's headlines lost
-# 1.9 points (5 of 262); with q and k float 0.4, at 0.58 of the float graph's time instead of 0.46.
-FLOAT_PROJECTIONS = ("attn.query.weight", "attn.key.weight")
 # The share of the temperature fit's say that the holdout's other-source items get (issue 53: calibrate against
 # shifted data too). Fitted on all items alike, BBC holds 91% of it and the model is underconfident off BBC
 # (research/minilm_shift_temperature.py: ECE 7.4% pooled over Debian descriptions and the latest State of the
@@ -71,30 +66,6 @@ SHIFT_SHARE = 0.5
 def balanced_weights(n_bbc: int, n_other: int, share: float = SHIFT_SHARE) -> Tensor:
     """Per-item weights giving the n_other items `share` of the total and the n_bbc items the rest."""
     return torch.cat([torch.full((n_bbc,), (1 - share) / n_bbc), torch.full((n_other,), share / n_other)])
-
-
-def matmuls_of(graph_path: Path, weights_path: Path, suffixes: Sequence[str]) -> list[str]:
-    """The MatMul nodes of the exported graph whose float16-stored weight is, value for value, the transpose
-    of a weight in the safetensors file whose name ends with one of suffixes (the export names MatMul weights
-    by number, not by module)."""
-    from safetensors.numpy import load_file
-
-    wanted = {
-        np.ascontiguousarray(v.T).astype(np.float16).tobytes(): k
-        for k, v in load_file(str(weights_path)).items()
-        if k.endswith(tuple(suffixes)) and v.ndim == 2
-    }
-    model = onnx.load(graph_path)
-    inits = {i.name: i for i in model.graph.initializer}
-    cast_src = {n.output[0]: n.input[0] for n in model.graph.node if n.op_type == "Cast" and n.input[0] in inits}
-    found = []
-    for node in model.graph.node:
-        src = cast_src.get(node.input[1]) if node.op_type == "MatMul" else None
-        if src is not None and numpy_helper.to_array(inits[src]).tobytes() in wanted:
-            found.append(node.name)
-    if len(found) != len(wanted):
-        raise ValueError(f"{graph_path}: found {len(found)} of the {len(wanted)} MatMuls of {list(suffixes)}")
-    return found
 
 
 def scalar_initializer(path: Path, name: str) -> float:
