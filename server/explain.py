@@ -239,12 +239,14 @@ def _check_time_left(
     if need > remaining:
         per_run = need / len(left)
         # runs that could have finished in this request: those done, and those the time left would hold
-        fit = max(2, (done + int(max(remaining, 0.0) / per_run)) // max(1, len(plans)))
+        fit = (done + int(max(remaining, 0.0) / per_run)) // max(1, len(plans))
+        # fewer than two passages explain nothing: then only a shorter text or more time helps
+        advice = (f"ask for max_passages <= {min(fit, max_passages - 1)} or a shorter text" if fit >= 2 else
+                  "even max_passages 2 would not finish: send a shorter text, or raise request_timeout_s")  # fmt: skip
         raise ServeError(
             ErrorKind.TIMEOUT,
             f"explaining would need about {need:.1f} s more ({len(left)} runs of the text without one passage) "
-            f"and {max(remaining, 0.0):.1f} s are left of request_timeout_s={timeout_s:g} s; ask for max_passages <= "
-            f"{min(fit, max_passages - 1)} or a shorter text",
+            f"and {max(remaining, 0.0):.1f} s are left of request_timeout_s={timeout_s:g} s; {advice}",
         )
 
 

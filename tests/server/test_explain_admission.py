@@ -151,3 +151,20 @@ async def test_a_request_that_cannot_finish_is_refused_before_its_passes_run(rep
     error = r.json()["error"]
     assert "request_timeout_s=1 s" in error and "max_passages <=" in error
     assert len(backend.batches) == 1  # the whole text only: no pass was computed for nobody
+
+
+async def test_a_text_too_long_for_two_passages_is_told_to_be_shorter(repo: Path) -> None:
+    """0.7 s a run and 1 s in all: after the whole text no passage fits, so max_passages cannot help (before, the
+    504 still suggested max_passages <= 2)."""
+    settings = Settings(model_repository=repo, max_batch_size=1, request_timeout_s=1.0, warmup=False)
+    backend = _Stub(repo / MODEL, delay_s=0.7)
+    model = ServedModel(backend.config, backend, policy_from(settings))  # type: ignore[arg-type]
+    text = " ".join(f"Sentence number {i} says little." for i in range(120))
+    async with serve(settings, [model]) as client:
+        await client.post(f"/v1/models/{MODEL}:predict", json={"instances": [text]})  # evidence: 0.7 s a run
+        r = await client.post(
+            f"/v1/models/{MODEL}:explain", json={"instances": [text], "parameters": {"max_passages": 16}}
+        )
+    assert r.status_code == 504
+    error = r.json()["error"]
+    assert "send a shorter text, or raise request_timeout_s" in error and "max_passages <=" not in error
