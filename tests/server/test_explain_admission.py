@@ -136,17 +136,25 @@ async def test_other_requests_run_between_the_occluded_passes(repo: Path) -> Non
     assert len(explained.json()["explanations"][0]["passages"]) >= 12
 
 
-async def test_a_request_that_cannot_finish_is_refused_before_its_passes_run(repo: Path) -> None:
+async def _explain_after_evidence(repo: Path, delay_s: float) -> tuple[Any, _Stub]:
+    """One prediction (the batcher's evidence: delay_s a run), then :explain of the same text with 16 passages
+    under request_timeout_s = 1 s. Returns the explain response and the backend (its batches since the
+    prediction)."""
     settings = Settings(model_repository=repo, max_batch_size=1, request_timeout_s=1.0, warmup=False)
-    backend = _Stub(repo / MODEL, delay_s=0.2)
+    backend = _Stub(repo / MODEL, delay_s=delay_s)
     model = ServedModel(backend.config, backend, policy_from(settings))  # type: ignore[arg-type]
     text = " ".join(f"Sentence number {i} says little." for i in range(120))
     async with serve(settings, [model]) as client:
-        await client.post(f"/v1/models/{MODEL}:predict", json={"instances": [text]})  # evidence: 0.2 s a run
+        await client.post(f"/v1/models/{MODEL}:predict", json={"instances": [text]})
         backend.batches.clear()
         r = await client.post(
             f"/v1/models/{MODEL}:explain", json={"instances": [text], "parameters": {"max_passages": 16}}
         )
+    return r, backend
+
+
+async def test_a_request_that_cannot_finish_is_refused_before_its_passes_run(repo: Path) -> None:
+    r, backend = await _explain_after_evidence(repo, delay_s=0.2)
     assert r.status_code == 504
     error = r.json()["error"]
     assert "request_timeout_s=1 s" in error and "max_passages <=" in error
@@ -156,15 +164,7 @@ async def test_a_request_that_cannot_finish_is_refused_before_its_passes_run(rep
 async def test_a_text_too_long_for_two_passages_is_told_to_be_shorter(repo: Path) -> None:
     """0.7 s a run and 1 s in all: after the whole text no passage fits, so max_passages cannot help (before, the
     504 still suggested max_passages <= 2)."""
-    settings = Settings(model_repository=repo, max_batch_size=1, request_timeout_s=1.0, warmup=False)
-    backend = _Stub(repo / MODEL, delay_s=0.7)
-    model = ServedModel(backend.config, backend, policy_from(settings))  # type: ignore[arg-type]
-    text = " ".join(f"Sentence number {i} says little." for i in range(120))
-    async with serve(settings, [model]) as client:
-        await client.post(f"/v1/models/{MODEL}:predict", json={"instances": [text]})  # evidence: 0.7 s a run
-        r = await client.post(
-            f"/v1/models/{MODEL}:explain", json={"instances": [text], "parameters": {"max_passages": 16}}
-        )
+    r, _ = await _explain_after_evidence(repo, delay_s=0.7)
     assert r.status_code == 504
     error = r.json()["error"]
     assert "send a shorter text, or raise request_timeout_s" in error and "max_passages <=" not in error
