@@ -131,9 +131,6 @@ class OnnxRuntimeBackend(BackendBase):
         # Its graphs' temporaries are one slice's (~10 MB): no arena to keep them after the document.
         self._sliced = _sliced_program(path, lambda p: session(False, p)) if text_cpu and sliced else None
         handoff = ort_options.long_via_torch and text_cpu and self._sliced is None
-        # rows longer than this take the long path: the program's own threshold, else LONG_TOKENS (read at each
-        # call, so tests can lower it)
-        self._long_from_program = None if self._sliced is None else self._sliced.long_from
         self._long = _TorchForLong(model_dir, config, num_threads) if handoff else None
 
     def run_outputs(self, inputs: dict[str, np.ndarray]) -> ModelOutputs:
@@ -147,7 +144,9 @@ class OnnxRuntimeBackend(BackendBase):
 
     @property
     def _long_from(self) -> int:
-        return self._long_from_program or LONG_TOKENS
+        """Rows longer than this take the long path: the program's own threshold, else LONG_TOKENS (read at each
+        call, so tests can lower it)."""
+        return (self._sliced.long_from if self._sliced is not None else None) or LONG_TOKENS
 
     def _long_runner(self) -> Callable[[dict[str, np.ndarray]], ModelOutputs] | None:
         """What runs rows over LONG_TOKENS: the sliced program, else the torch forward, else None (the lean session)."""
