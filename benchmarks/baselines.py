@@ -51,7 +51,7 @@ GROUPS: dict[str, Group] = {
         "20 min of one core (CPU time, 1 thread) over the full train split (batch 64, lr 2e-3 warmup+cosine over the budget), test = all 10,000 t10k",
     ),
     "text": (
-        "lara-text-news",
+        "lara-text-news-bytes",
         ["lara", "softmax", "performer"],
         ["--limit", "600", "--epochs", "2", "--train-length", "1024", "--override", '{"max_length": 1024}'],
         "2 epochs over 600 train docs truncated to 1,024 bytes (batch 16); test = whole BBC test split, 1,024 bytes",
@@ -143,7 +143,7 @@ def run_tfidf(seed: int) -> list[dict[str, Any]]:
 
 def shipped_rows() -> list[dict[str, Any]]:
     rows = []
-    for name in ("lara-vit-fashion", "lara-text-news"):
+    for name in ("lara-vit-fashion", "lara-text-news-bytes"):
         path = ROOT / "model_repository" / name / "config.json"
         if path.is_file():
             conf = json.loads(path.read_text())

@@ -7,7 +7,7 @@ Sections, each guarded so that one failure keeps the others' results (its traceb
   ceilings     measured copy bandwidth (large tensor copy) and matmul rate (fp16, bf16)
   timing       LARA (Triton), LARA (PyTorch path), Performer, SDPA flash at N = 4K..256K (B=1, H=8, D=64,
                C=64; fp16/bf16): median of CUDA-event timings; achieved GB/s and FLOP/s vs the ceilings
-  e2e          the text model end to end, if model_repository/lara-text-news exists
+  e2e          the text model end to end, if model_repository/lara-text-news-bytes exists
   sweep        a few Triton launch configurations at N = 64K (tuning leads)
   profile      per-kernel times of one LARA call (torch.profiler), if the profiler works there
 Results are printed and written to <out>/gpu.json after every section (out = $OUT on the device,
@@ -493,7 +493,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="output folder (default $OUT, else benchmarks/results)")
     ap.add_argument("--budget-s", type=float, default=330.0, help="stop starting new work after this")
     ap.add_argument("--sm90-build", action="store_true", help="only compile the kernels for sm_90 (no GPU)")
-    ap.add_argument("--model-dir", default=str(ROOT / "model_repository" / "lara-text-news"), help="for e2e")
+    ap.add_argument("--model-dir", default=str(ROOT / "model_repository" / "lara-text-news-bytes"), help="for e2e")
     args = ap.parse_args()
     if args.sm90_build:
         res = sm90_build()

@@ -19,7 +19,7 @@ turns request by request, so a change in the machine's load hits all alike; with
 per request (all its processes and threads, from /proc), which a loaded machine stretches far less than
 wall time. Throughput: `--concurrency` threads for `--seconds`, lane after lane; `--rounds` repeats, the
 order reversed in odd rounds. By default the models are tiny synthetic ones (lara_serve.server.synthetic: compute is small, so the
-protocols' own cost shows); `--models-dir model_repository` runs the shipped lara-text-news and
+protocols' own cost shows); `--models-dir model_repository` runs the shipped lara-text-news-bytes and
 lara-vit-fashion (with LaraAttention). Writes benchmarks/results/grpc_vs_http.json and a .png beside it;
 the tables come from benchmarks/grpc_vs_http_report.py.
 """
@@ -49,7 +49,7 @@ from lara_serve.server.repository import read_config
 from lara_serve.server.testing import free_port, server_process
 
 RESULTS = Path(__file__).resolve().parent / "results"
-TEXT_MODEL, IMAGE_MODEL = "lara-text-news", "lara-vit-fashion"
+TEXT_MODEL, IMAGE_MODEL = "lara-text-news-bytes", "lara-vit-fashion"
 Inputs = bytes | dict[str, np.ndarray]  # raw bytes (BYTES "raw") or named tensors with a batch axis
 
 

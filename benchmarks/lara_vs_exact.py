@@ -164,7 +164,7 @@ def ratio_chart(rows: list[dict[str, Any]], path: Path, lara_backend: str) -> Pa
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model-dir", type=Path, default=ROOT / "model_repository" / "lara-text-news")
+    parser.add_argument("--model-dir", type=Path, default=ROOT / "model_repository" / "lara-text-news-bytes")
     parser.add_argument("--lengths", default=",".join(map(str, DEFAULT_LENGTHS)), help="bytes")
     parser.add_argument("--concurrency", default="1,8")
     parser.add_argument("--requests", type=int, default=24, help="per cell, at most")

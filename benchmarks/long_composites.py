@@ -1,7 +1,7 @@
 """Same-topic composites of BBC test articles at 256 KB and 1 MiB: accuracy, latency and peak memory, one
 document at a time (as the server runs a document this long: alone in its batch).
 
-    python -m benchmarks.long_composites [--model lara-text-news] [--lengths 262144,1048576] [--per-class 2,1]
+    python -m benchmarks.long_composites [--model lara-text-news-bytes] [--lengths 262144,1048576] [--per-class 2,1]
 
 Composites are lara_serve.model_export.training.long_docs.make_composites of the TEST split (same-label articles joined, cut at
 the length; seeded, so the documents are the same on every run). The model is the shipped one through
@@ -73,7 +73,7 @@ def measure(model: torch.nn.Module, length: int, per_class: int, seed: int = COM
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="lara-text-news")
+    p.add_argument("--model", default="lara-text-news-bytes")
     p.add_argument("--lengths", default="262144,1048576")
     p.add_argument("--per-class", default="2,1", help="composites per label at each length (comma-separated)")
     p.add_argument("--threads", type=int, default=1)

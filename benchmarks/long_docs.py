@@ -1,6 +1,6 @@
 """Accuracy vs document length for the shipped text models, with a TF-IDF anchor on the same splits.
 
-    python -m benchmarks.long_docs [--models lara-text-news lara-text-genre] [--per-class 8] [--threads 2]
+    python -m benchmarks.long_docs [--models lara-text-news-bytes lara-text-genre] [--per-class 8] [--threads 2]
 
 For each model: test accuracy on the first n bytes of every test document (n = 256 .. 65,536) and on the
 whole document; for BBC, accuracy on same-label composites of test documents at 8, 16, 32 and 64 KB
@@ -243,7 +243,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", nargs="+", default=["lara-text-news", "lara-text-genre"])
+    p.add_argument("--models", nargs="+", default=["lara-text-news-bytes", "lara-text-genre"])
     p.add_argument("--per-class", type=int, default=8, help="composites per class and length (BBC)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--no-anchor", action="store_true", help="skip the TF-IDF anchors")

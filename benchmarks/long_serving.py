@@ -1,6 +1,6 @@
 """Latency and memory per document vs length through the real server (python -m lara_serve.server on 127.0.0.1).
 
-    python -m benchmarks.long_serving [--model lara-text-news] [--lengths 1024,4096,...,262144,1048576]
+    python -m benchmarks.long_serving [--model lara-text-news-bytes] [--lengths 1024,4096,...,262144,1048576]
     python -m benchmarks.long_serving --synthetic   # the same path on a synthetic model of max_length 1 MiB
 
 Documents are same-label composites of BBC test articles cut to each length (lara_serve.model_export.training.long_docs). For
@@ -198,7 +198,7 @@ def compare_attention(
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="lara-text-news")
+    p.add_argument("--model", default="lara-text-news-bytes")
     p.add_argument("--lengths", default="1024,4096,16384,32768,65536,262144,1048576")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--long-repeats", type=int, default=2, help="repeats for lengths above 64 KB")

@@ -1,6 +1,6 @@
 """Peak resident memory of the lean install (onnxruntime, no torch) for one long text document.
 
-    python -m benchmarks.memory_one_mib [--model lara-text-news] [--bytes 1048576] [--variants sliced,server]
+    python -m benchmarks.memory_one_mib [--model lara-text-news-bytes] [--bytes 1048576] [--variants sliced,server]
 
 Each variant runs in a fresh process (one at a time: a 1 MiB document through the whole graph may take 8 GB):
 load the model's onnxruntime backend as the server does (no torch hand-off: `ort_long_via_torch` has no
@@ -149,7 +149,7 @@ def server(size: int, model: str) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="lara-text-news")
+    parser.add_argument("--model", default="lara-text-news-bytes")
     parser.add_argument("--bytes", type=int, default=1 << 20)
     parser.add_argument("--variants", default="sliced,server")
     parser.add_argument("--child", choices=CHILD_VARIANTS, help=argparse.SUPPRESS)

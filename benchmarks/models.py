@@ -3,7 +3,7 @@
 onnxruntime twice: LaraAttention as its ONNX function body, and as the fused kernel (the server's default,
 `lara_serve.kernels.ort_library`) when that can be built here.
 
-Text (`lara-text-news`): batch 1 and 8 at 1K, 4K and 16K tokens; image (`lara-vit-fashion`): batch 1
+Text (`lara-text-news-bytes`): batch 1 and 8 at 1K, 4K and 16K tokens; image (`lara-vit-fashion`): batch 1
 and 8. Uses the trained weights in model_repository/ when present, else random weights (latency does
 not depend on the weights). The graphs are exported with each model's own config (the text model's
 max_length, 65,536 bytes, covers the 16K row).
@@ -38,7 +38,7 @@ from lara_serve.model_export import create_model, load_pretrained
 from lara_serve.model_export.export import exporter as ex
 
 ROOT = Path(__file__).resolve().parent.parent
-MODELS = {"text": "lara-text-news", "image": "lara-vit-fashion"}
+MODELS = {"text": "lara-text-news-bytes", "image": "lara-vit-fashion"}
 TEXT_LENGTHS = (1024, 4096, 16384)
 BATCHES = (1, 8)
 

@@ -2,7 +2,7 @@
 
 The shipped `model.onnx` files, unchanged, in two onnxruntime sessions that differ only in
 `lara_serve.kernels.ort_library.register` (the fused kernel) or not (the body, inlined at load). Text
-(`lara-text-news`): random byte ids at each length, batch 1 (and batch 8 up to 4K tokens); image
+(`lara-text-news-bytes`): random byte ids at each length, batch 1 (and batch 8 up to 4K tokens); image
 (`lara-vit-fashion`): batch 1 and 8. Runs alternate between the two sessions, so load spikes hit both;
 best and median of the rounds. Also the largest difference of the logits between the two.
 
@@ -94,8 +94,8 @@ def main(argv: list[str] | None = None) -> None:
     rng = np.random.default_rng(0)
     shapes: list[tuple[str, str, int, int]] = []
     for n in (int(x) for x in args.lengths.split(",")):
-        shapes += [("text", "lara-text-news", 1, n)] + (
-            [("text", "lara-text-news", 8, n)] if n <= args.batch8_max else []
+        shapes += [("text", "lara-text-news-bytes", 1, n)] + (
+            [("text", "lara-text-news-bytes", 8, n)] if n <= args.batch8_max else []
         )
     shapes += [("image", "lara-vit-fashion", 1, 196), ("image", "lara-vit-fashion", 8, 196)]
     rows: list[dict[str, Any]] = []

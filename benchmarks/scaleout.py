@@ -4,7 +4,7 @@ machine, in one run, against 127.0.0.1 only.
 Every configuration gets the same CPUs (--cpus, default 2): the plain server runs with that many backend
 threads, and again with 1; Ray 1 replica with num_cpus=cpus (threads = cpus); Ray 2 replicas with
 num_cpus=cpus/2 each (1 thread each). Load:
-`python -m lara_serve.clients loadtest`, closed loop, 2 KB texts to lara-text-news on v1 :classify, concurrency 1, 8
+`python -m lara_serve.clients loadtest`, closed loop, 2 KB texts to lara-text-news-bytes on v1 :classify, concurrency 1, 8
 and 32. All replicas share one machine here: see deploy/README.md for what changes on a real cluster.
 
     .venv/bin/python benchmarks/scaleout.py            # about 8 minutes; ray[serve] from deploy/ci/ray_venv.sh
@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from deploy.ray.processes import descendants, stop_driver  # noqa: E402
 from lara_serve.server.testing import free_port, server_process  # noqa: E402
 
-MODEL = "lara-text-news"
+MODEL = "lara-text-news-bytes"
 OUT = ROOT / "benchmarks" / "results" / "scaleout.json"
 
 

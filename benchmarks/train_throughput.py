@@ -5,7 +5,7 @@ in one process and in two (torch.distributed, gloo, through lara_serve.model_exp
     python -m benchmarks.train_throughput --steps 4 --warmup 1 --sizes 4   # a quick look
 
 Each setting runs in fresh processes (so the peak RSS is that setting's own): the default text model
-(lara-text-news's architecture with the recipe's attention pooling and case folding) trained by
+(lara-text-news-bytes's architecture with the recipe's attention pooling and case folding) trained by
 lara_serve.model_export.your_data.fit.fit on the recipe's batches (LengthMixTask windows of 256 B-8 KB and same-label
 composites, lara_serve.model_export.training.augment.TextAugment noise and filler, 24 K tokens a batch). The batch plan is
 built before the clock starts and timed apart (the data side); the step clock covers what the training
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens-per-batch", type=int, default=RECIPE_TOKENS,
                    help="the batch's token budget (the recipe's by default; smaller: quicker steps, and the "
                    "fixed per-step costs, optimizer and all-reduce, weigh more)")  # fmt: skip
-    p.add_argument("--arch", default="lara-text-news", help="registered text architecture (tests: tiny-text)")
+    p.add_argument("--arch", default="lara-text-news-bytes", help="registered text architecture (tests: tiny-text)")
     p.add_argument("--note", default="", help="what else ran on the machine (recorded)")
     p.add_argument("--out", type=Path, default=OUT)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -178,7 +178,7 @@ def main() -> int:
     parser.add_argument(
         "--pytriton-python", default=None, help="env PYTRITON_PYTHON; default .venv-triton (made on demand)"
     )
-    parser.add_argument("--model", default="lara-text-news")
+    parser.add_argument("--model", default="lara-text-news-bytes")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--doc-bytes", type=int, default=2048)
     parser.add_argument("--docs", type=int, default=64, help="distinct documents cycled through")

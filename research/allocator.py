@@ -4,7 +4,7 @@
         [--backends torch onnxruntime]
 
 Each measurement is a fresh child process (the setting is process-wide and cannot be undone), loading
-the shipped `lara-text-news` (torch eager with the fused CPU kernel, or its model.onnx in onnxruntime)
+the shipped `lara-text-news-bytes` (torch eager with the fused CPU kernel, or its model.onnx in onnxruntime)
 and timing a batch-1 forward (one warm-up, then the median of 3). Off and on alternate round by round so that load on a shared machine falls on both alike; the
 ratio is what to read. Writes research/results/allocator.json.
 """
@@ -22,7 +22,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "research" / "results" / "allocator.json"
-MODEL = ROOT / "model_repository" / "lara-text-news"
+MODEL = ROOT / "model_repository" / "lara-text-news-bytes"
 
 
 def child(backend: str, lengths: list[int], threads: int, keep: bool) -> dict[str, float]:
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
         backend, mode = args.child
         print(json.dumps(child(backend, args.lengths, args.threads, mode == "on")))
         return
-    result: dict[str, Any] = {"model": "lara-text-news, batch 1", "threads": args.threads, "rounds": args.rounds}
+    result: dict[str, Any] = {"model": "lara-text-news-bytes, batch 1", "threads": args.threads, "rounds": args.rounds}
     for backend in args.backends:
         runs: dict[str, list[dict[str, float]]] = {"off": [], "on": []}
         for r in range(args.rounds):

@@ -9,7 +9,7 @@ overrides); --tag keeps that recipe's runs and results apart (research/results/b
 
 Folds: lara_serve.model_export.training.tasks.fold_split, 5 folds over all 500 texts, stratified by genre, seed 1234. For
 fold K: lara-text-genre's architecture, initialized from a BBC model's weights (--init-from, default the
-shipped lara-text-news; every tensor but the 4-genre head), trained on the other four folds with the shipped genre model's recipe (mixed-length windows
+shipped lara-text-news-bytes; every tensor but the 4-genre head), trained on the other four folds with the shipped genre model's recipe (mixed-length windows
 of 256 B - 4 KB, lr 1e-3 warmup+cosine) for --budget minutes of one core (CPU time, so folds running side
 by side stay comparable), then scored on fold K at full length and on its first 2,048 bytes. The TF-IDF
 anchor is fit on the same four folds, at full length and on first-2,048-byte texts. Nothing is selected
@@ -50,7 +50,7 @@ def tfidf_scores(train: tuple[list[str], list[int]], test: tuple[list[str], list
     return out
 
 
-DEFAULT_INIT = ROOT / "model_repository" / "lara-text-news"
+DEFAULT_INIT = ROOT / "model_repository" / "lara-text-news-bytes"
 
 
 def paths(tag: str | None) -> tuple[Path, Path]:
@@ -157,7 +157,7 @@ def merge(
         "benchmark": "python -m research.brown_kfold" + (f" --tag {tag}" if tag else ""),
         "budget_min": budget_min,
         "budget": f"{budget_min:g} min of one core (CPU time, {threads} thread) per fold, "
-        "from lara-text-news's weights, mixed-length windows 256 B - 4 KB",
+        "from lara-text-news-bytes's weights, mixed-length windows 256 B - 4 KB",
         "train_args": list(train_args or []),
     }
     payload = merge_fold_row(out, runs, row, header, summarize)
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> None:
         "--init-from",
         type=Path,
         default=DEFAULT_INIT,
-        help="BBC model folder whose weights start every fold (the committed results: lara-text-news as of "
+        help="BBC model folder whose weights start every fold (the committed results: lara-text-news-bytes as of "
         "commit bb0359e, see the README)",
     )
     p.add_argument("--tag", default=None, help="name of this recipe's runs and results file")

@@ -1,5 +1,5 @@
 """Where a long document's memory goes: peak resident memory per input byte of one forward of the shipped
-`lara-text-news`, by runtime and setting, and how much of the ONNX graph is live at once.
+`lara-text-news-bytes`, by runtime and setting, and how much of the ONNX graph is live at once.
 
     .venv/bin/python -m research.memory_per_byte [--length 262144] [--threads 1]
 
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-MODEL = ROOT / "model_repository" / "lara-text-news"
+MODEL = ROOT / "model_repository" / "lara-text-news-bytes"
 RESULTS = ROOT / "research" / "results" / "memory_per_byte.json"
 ORT_CONFIGS: dict[str, dict[str, Any]] = {
     "onnxruntime defaults (arena, patterns, optimization all)": {},

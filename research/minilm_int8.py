@@ -2,7 +2,7 @@
 
     .venv/bin/python -m research.minilm_int8 [--lengths 4096,16384,65536] [--repeats 5] [--threads 1]
 
-Issue 53: the shipped word-piece model costs 5.3x `lara-text-news` at 64 KB on the CPU
+Issue 53: the shipped word-piece model costs 5.3x `lara-text-news-bytes` at 64 KB on the CPU
 (benchmarks.pretrained_cost). This study, on a copy under runs/minilm_int8/ (model_repository/ is only read):
 1. fold: each Cast(float16 initializer -> float32) of the shipped graph becomes a float32 initializer (the
    graph onnxruntime runs after constant folding, checked in 5); onnxruntime's quantizer only sees weights
@@ -13,7 +13,7 @@ Issue 53: the shipped word-piece model costs 5.3x `lara-text-news` at 64 KB on t
    (q, k, v, out, MLP in, MLP out in each of 6 layers). The landmark projections, head and ood whitening
    (tiny, fp32 in the file) stay float32, and the LaraAttention nodes and their function body are checked
    byte-equal to the shipped ones.
-3. cost: shipped, both int8 graphs and lara-text-news in one run, alternating document by document (order
+3. cost: shipped, both int8 graphs and lara-text-news-bytes in one run, alternating document by document (order
    rotated), on benchmarks.pretrained_cost's documents, Runner and sessions (fused kernel, the server's
    preprocessing); per length the median seconds per document and the ratios to the byte model.
 4. accuracy: the three minilm graphs on the BBC test split (431 documents) whole and as headlines (the first
@@ -46,7 +46,7 @@ from lara_serve.model_export.export.quantize import QuantizeError, fold_float16_
 from lara_serve.server.preprocess import softmax
 
 ROOT = Path(__file__).resolve().parent.parent
-MINILM, BYTES = "lara-news-minilm", "lara-text-news"
+MINILM, BYTES = "lara-news-minilm", "lara-text-news-bytes"
 SHIPPED = REPOSITORY / MINILM / "1" / "model.onnx"
 WORK = ROOT / "runs" / "minilm_int8"
 RESULTS = ROOT / "research" / "results" / "minilm_int8.json"

@@ -11,7 +11,7 @@ check's pooled figure:
   of the build's rule (`python_descriptions_holdout`) are unseen text there;
 - politics: the latest 16 State of the Union addresses (never trained on: `topic_sources.LATEST_KEPT_OUT`;
   the robustness suite reads the latest 8) read whole, and 2 KB excerpts of them (five per address, seeded).
-Each set through `lara-news-minilm` (int8, each row alone as the server runs it), `lara-text-news` and the
+Each set through `lara-news-minilm` (int8, each row alone as the server runs it), `lara-text-news-bytes` and the
 TF-IDF anchor fitted on the BBC train split. Accuracy with a Wilson interval, mean top probability, ECE, and
 what the wrong answers were. Writes research/results/new_sources_probe.json.
 """
@@ -104,13 +104,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     train = load_news("train")
     anchor = TfidfAnchor([d.text for d in train], [d.label for d in train], len(NEWS_LABELS))
-    minilm, byte_model = OnnxText(args.model, args.threads), OnnxText("lara-text-news", args.threads)
+    minilm, byte_model = OnnxText(args.model, args.threads), OnnxText("lara-text-news-bytes", args.threads)
     result: dict[str, Any] = {"command": "python -m research.new_sources_probe", "model": args.model, "sets": {}}
     for name, (texts, label) in sets.items():
         raws = [t.encode("utf-8") for t in texts]
         rows = {
             "lara-news-minilm": minilm(raws),  # an int8 graph: one row per call (OnnxText), as the server runs it
-            "lara-text-news": byte_model(raws),
+            "lara-text-news-bytes": byte_model(raws),
             "tfidf-logreg": anchor(raws, byte_model.max_length),
         }
         result["sets"][name] = {"n": len(raws), "label": NEWS_LABELS[label],

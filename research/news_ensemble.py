@@ -1,4 +1,4 @@
-"""Cross-validated accuracy vs length of an ensemble of lara-text-news recipes: on each held-out fold, the
+"""Cross-validated accuracy vs length of an ensemble of lara-text-news-bytes recipes: on each held-out fold, the
 mean of the probabilities of fold models that `research.news_kfold` already trained (one per member
 experiment), scored like `news_kfold` scores one model (every cut, pooled 1 KB gap, paired interval).
 

@@ -1,6 +1,6 @@
 """Selection check for a retrained news model, on the 150-document HOLDOUT only (never the test split).
 
-    python -m research.news_holdout_check runs/news-r4 model_repository/lara-text-news
+    python -m research.news_holdout_check runs/news-r4 model_repository/lara-text-news-bytes
     python -m research.news_holdout_check --dataset brown runs/genre-r1 model_repository/lara-text-genre
 
 (--dataset brown: the same cases on the genre model's 40-text Brown holdout.)

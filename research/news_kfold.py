@@ -1,4 +1,4 @@
-"""5-fold cross-validation of lara-text-news's training recipe over all 2,127 BBC documents: accuracy on
+"""5-fold cross-validation of lara-text-news-bytes's training recipe over all 2,127 BBC documents: accuracy on
 the first n bytes and on whole documents, pooled over the held-out folds, and how far the first KB falls
 below the best cut (the 1 KB gap) with a paired-bootstrap 95% interval.
 
@@ -10,7 +10,7 @@ Why: on the fixed 431-document test split one document is 0.23 point, and a pair
 the 1 KB gap spans about 2 points; pooled over every document the interval is several times narrower.
 
 Folds: lara_serve.model_export.training.tasks.fold_split (5 folds over train + test, stratified by label, seeded). For fold K:
-lara-text-news trained from scratch on the other four folds with the shipped model's recipe (mixed-length
+lara-text-news-bytes trained from scratch on the other four folds with the shipped model's recipe (mixed-length
 windows with half of the plain windows from the document head, `--length-mix '{"head_prob": 0.5}'`,
 warmup+cosine fitted to --budget minutes of one core, CPU clock, so folds running side by side stay
 comparable; the shipped model had 65 minutes), then its last weights are scored on fold K at every cut.
@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RUNS_ROOT = ROOT / "runs"
 RESULTS_DIR = RESULTS
 N_FOLDS = 5
-RECIPE = '{"head_prob": 0.5}'  # the shipped lara-text-news's --length-mix
+RECIPE = '{"head_prob": 0.5}'  # the shipped lara-text-news-bytes's --length-mix
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ class Recipe:
     def argv(self, fold: int, resume: bool = False) -> list[str]:
         """The training command line of one fold (lara_serve.model_export.training.train arguments)."""
         runs = self.paths()[0]
-        argv = ["--model", "lara-text-news", "--fold", f"{fold}/{N_FOLDS}", "--length-mix", self.length_mix]
+        argv = ["--model", "lara-text-news-bytes", "--fold", f"{fold}/{N_FOLDS}", "--length-mix", self.length_mix]
         argv += ["--epochs", str(self.epochs or 200)]
         if self.distill is not None:
             argv += ["--distill", str(self.distill)]
@@ -96,7 +96,7 @@ class Recipe:
             else f"{self.budget_min:g} min of one core (CPU time, {self.threads} thread)"
         )
         return (
-            f"lara-text-news from scratch, --length-mix '{self.length_mix}'"
+            f"lara-text-news-bytes from scratch, --length-mix '{self.length_mix}'"
             + ("" if self.distill is None else f", --distill {self.distill:g}")
             + ("" if self.override == "{}" else f", --override '{self.override}'")
             + f", {length} per fold, last weights"
@@ -246,7 +246,7 @@ def plot(payload: dict[str, Any], path: Path) -> None:
     else:  # an ensemble of experiments trained for different budgets
         budget = "mixed budgets"
     ax.set_title(
-        f"lara-text-news recipe{' ' + payload['name'] if payload.get('name') else ''}, {budget} per fold\n"
+        f"lara-text-news-bytes recipe{' ' + payload['name'] if payload.get('name') else ''}, {budget} per fold\n"
         f"{len(s['folds'])} of {N_FOLDS} folds, {s['documents']} held-out BBC docs; "
         f"1 KB gap {g['points']} points (95%: {g['ci95'][0]}-{g['ci95'][1]})",
         fontsize=10,

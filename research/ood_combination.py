@@ -3,7 +3,7 @@ sets only: the BBC holdout ("val", in distribution) against out-of-domain text t
 uses: Brown "learned" texts (English of another kind), Python standard-library source, word salad and
 made-up-language prose from the training filler bank (lara_serve.model_export.training.augment), cut to news-like lengths.
 
-    python -m research.ood_combination [--model model_repository/lara-text-news] [--n 30]
+    python -m research.ood_combination [--model model_repository/lara-text-news-bytes] [--n 30]
 
 Rules compared, each with the scales of the shipped head (95% holdout quantiles q_m, q_s) and medians:
 max(m/q_m, s/q_s) (shipped first), the sum m/q_m + s/q_s, the max of median-centred scores
@@ -45,7 +45,7 @@ def components(serving: torch.nn.Module, docs: list[bytes]) -> tuple[np.ndarray,
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", type=Path, default=Path("model_repository/lara-text-news"))
+    p.add_argument("--model", type=Path, default=Path("model_repository/lara-text-news-bytes"))
     p.add_argument("--n", type=int, default=30)
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)

@@ -1,5 +1,5 @@
 """What the wide path costs at serving time: onnxruntime latency of a `lara train` text model (the LARA encoder
-plus the hashed word 1-2-gram tf-idf head, lara_serve.model_export.your_data.wide) against the shipped lara-text-news, which has
+plus the hashed word 1-2-gram tf-idf head, lara_serve.model_export.your_data.wide) against the shipped lara-text-news-bytes, which has
 the same encoder architecture and no wide path (config.json "model" differs only in num_classes and
 tfidf_buckets, checked here).
 
@@ -66,7 +66,7 @@ def measure(wide_dir: Path, plain_dir: Path, lengths: list[int], repeats: int, t
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--wide", type=Path, default=ROOT / "runs" / "your_data" / "models" / "emails")
-    p.add_argument("--plain", type=Path, default=ROOT / "model_repository" / "lara-text-news")
+    p.add_argument("--plain", type=Path, default=ROOT / "model_repository" / "lara-text-news-bytes")
     p.add_argument("--lengths", default="1024,4096,16384,65536")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--threads", type=int, default=1)

@@ -99,10 +99,10 @@ def test_a_lara_model_runs_forward_beside_transformers(venv: Path, tmp_path: Pat
 
 
 def test_the_server_classifies_beside_transformers(venv: Path, tmp_path: Path) -> None:
-    args = ["--model-repository", str(REPO_ROOT / "model_repository"), "--models", "lara-text-news",
+    args = ["--model-repository", str(REPO_ROOT / "model_repository"), "--models", "lara-text-news-bytes",
             "--num-threads", "1", "--log-level", "warning"]  # fmt: skip
     with server_process(args, python=str(venv / "bin" / "python"), cwd=str(tmp_path), timeout_s=180) as url:
         text = "The striker scored twice in the cup final and the manager praised the defence after the match."
-        answer = httpx.post(f"{url}/v1/models/lara-text-news:predict", json={"instances": [text]}, timeout=60)
+        answer = httpx.post(f"{url}/v1/models/lara-text-news-bytes:predict", json={"instances": [text]}, timeout=60)
         assert answer.status_code == 200, answer.text
         assert answer.json()["predictions"][0]["label"] == "sport"

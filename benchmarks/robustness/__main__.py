@@ -1,7 +1,7 @@
 """The project's stress suite: every shipped model beside its anchor under perturbation, filler and
 out-of-domain input.
 
-    python -m benchmarks.robustness [--models lara-text-news ...] [--limit N] [--quick] [--threads 1]
+    python -m benchmarks.robustness [--models lara-text-news-bytes ...] [--limit N] [--quick] [--threads 1]
 
 Writes benchmarks/results/<name>.json (every figure with n and a 95% interval), <name>.md (a short table for
 the README and the full tables), <name>_filler.png and <name>_calibration.png; --name robustness by default.

@@ -1,6 +1,6 @@
 """Export a model to ONNX with one `com.lara::LaraAttention` node per LARA layer, then check it.
 
-    python -m lara_serve.model_export.export --model lara-text-news --out model_repository/
+    python -m lara_serve.model_export.export --model lara-text-news-bytes --out model_repository/
 
 reads `model_repository/<name>/config.json` + `1/model.safetensors` (the PyTorch artifact written by
 training, never rewritten here), writes `1/model.onnx` and adds an "export" section to config.json

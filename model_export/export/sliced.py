@@ -1,6 +1,6 @@
 """A text model as a program of small ONNX graphs that runs a document in slices of rows, beside model.onnx.
 
-    python -m lara_serve.model_export.export.sliced --model lara-text-news   (model.onnx left as it is)
+    python -m lara_serve.model_export.export.sliced --model lara-text-news-bytes   (model.onnx left as it is)
 
 Why: the whole graph holds every layer's full-length activations at once, ~7.5 KB per token (7.5 GB for
 a 1 MiB document, benchmarks/results/memory_one_mib.json). Here the only full-length tensor is the

@@ -1,6 +1,6 @@
 """After training: fit the serving head (calibration temperature + out-of-distribution score), measure it, export.
 
-python -m lara_serve.model_export.head.finalize model_repository/lara-text-news
+python -m lara_serve.model_export.head.finalize model_repository/lara-text-news-bytes
 
 - temperature: fitted on the holdout split's logits (lara_serve.model_export.head.calibration.fit_temperature);
 - ood score: class means and shared covariance of the pooled features of training items (text: whole

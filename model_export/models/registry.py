@@ -61,7 +61,7 @@ _TINY_TEXT: dict[str, Any] = {
 # One row per registered model: its configuration, its labels and the data set it trains on.
 _MODELS: dict[str, tuple[ModelConfig, list[str], str]] = {
     "lara-vit-fashion": (_VIT, FASHION_LABELS, "fashion"),
-    "lara-text-news": (_NEWS, NEWS_LABELS, "news"),
+    "lara-text-news-bytes": (_NEWS, NEWS_LABELS, "news"),
     # Brown corpus genres, 12-15 KB documents served whole: the news architecture, more dropout, 4 classes.
     "lara-text-genre": (dataclasses.replace(_NEWS, dropout=0.2, num_classes=4), GENRE_LABELS, "brown"),
     # all-MiniLM-L6-v2 converted to LARA in every layer (model_export/pretrained), a linear head on its embedding

@@ -117,7 +117,7 @@ class AttentionPool(nn.Module):
     of the group's channels: [B, N, D] -> [B, D]. A mean gives every token 1/N of the vote, so the pooled
     vector of a short head and of its whole document differ by how much filler each holds; learned weights
     can follow the few tokens that name a topic (an idf-like weighting, learned from the data). Measured on BBC
-    (docs/long-documents.md, rule O): it lifted whole documents, not the first KB. The shipped lara-text-news
+    (docs/long-documents.md, rule O): it lifted whole documents, not the first KB. The shipped lara-text-news-bytes
     has it, but fine-tuned from a mean-pooling model its scores stayed near zero (std 0.04 over an article plus
     8 KB of lorem ipsum; the article's weight equals its byte share): a mean in effect. `train --pool-lr-mult`
     moved the scores (std 0.1-0.7) but not the article's share (docs/robustness.md)."""

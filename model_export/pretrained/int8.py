@@ -2,7 +2,7 @@
 
     python -m lara_serve.model_export.pretrained.int8 [--model model_repository/lara-news-minilm] [--threads 1]
 
-Issue 53's cost target (64 KB at most 4x `lara-text-news`) is met by int8 weights (research/minilm_int8.py:
+Issue 53's cost target (64 KB at most 4x `lara-text-news-bytes`) is met by int8 weights (research/minilm_int8.py:
 2.6x against 5.3-6.2x for the float graph, the BBC test split unchanged whole). Steps, all from the artifact's
 own files (idempotent: a quantized model dir is exported to float again first):
 1. export the float graph from 1/model.safetensors (exporter.export_model_dir: parity against PyTorch);

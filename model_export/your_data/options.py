@@ -10,8 +10,8 @@ from lara_serve.model_export.models.config import POOLINGS
 from lara_serve.model_export.your_data import recipe
 from lara_serve.model_export.your_data.artifact import SHIPPED
 
-DEFAULT_ARCH = {"text": "lara-text-news", "image": "lara-vit-fashion"}
-DEFAULT_INIT = {"text": "lara-text-news", "image": "none"}  # what trains when the default text encoder cannot
+DEFAULT_ARCH = {"text": "lara-text-news-bytes", "image": "lara-vit-fashion"}
+DEFAULT_INIT = {"text": "lara-text-news-bytes", "image": "none"}  # what trains when the default text encoder cannot
 # The default text encoder: the converted all-MiniLM-L6-v2, kept frozen, with the wide path beside it
 # (your_data.pretrained_init). Measured on the user-like sets (docs/train-your-data.md): 2.8-8.3 points above
 # the byte encoder's served accuracy on three, 0.4 under on e-mails, in less CPU time and memory.
@@ -41,11 +41,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--test-fraction", type=float, default=0.2)
     p.add_argument("--holdout-fraction", type=float, default=0.1, help="of train: per-epoch validation, calibration")
     p.add_argument("--init", default=None, help="none | a shipped model NAME | a model DIR (default: text "
-                   "lara-news-minilm, or lara-text-news when an option of the byte encoder's training is given; "
+                   "lara-news-minilm, or lara-text-news-bytes when an option of the byte encoder's training is given; "
                    "images none); a word-piece model (lara-news-minilm) is kept frozen and a head and the wide path "
                    "are fitted on it; otherwise tensors whose name and shape fit are copied, the head is new")  # fmt: skip
     p.add_argument("--arch", default=None, help="registered architecture (default: that of --init, else "
-                   "lara-text-news / lara-vit-fashion)")  # fmt: skip
+                   "lara-text-news-bytes / lara-vit-fashion)")  # fmt: skip
     p.add_argument("--max-length", type=int, default=None, help="text: longest document served, bytes (word "
                    "pieces with a word-piece --init)")  # fmt: skip
     p.add_argument("--image-size", type=int, default=None, help="images: side after resizing (default: the data's)")
@@ -115,7 +115,7 @@ def check_options(args: argparse.Namespace) -> None:
 def default_text_init(args: argparse.Namespace, processes: int) -> tuple[str, str]:
     """(--init, why) for text data given without --init: the frozen pretrained encoder, unless the run asks for
     what only the trained byte encoder has (an option of its training, several processes), or the model is not
-    in this install (a lean image); then lara-text-news, fine-tuned as before."""
+    in this install (a lean image); then lara-text-news-bytes, fine-tuned as before."""
     # the options a frozen encoder refuses are the ones that ask for the byte encoder's training
     asked = [f"--{k.replace('_', '-')}" for k in NOT_FOR_FROZEN if getattr(args, k) not in (None, False)]
     if args.pooling != recipe.POOLING:

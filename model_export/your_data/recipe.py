@@ -1,4 +1,4 @@
-"""The robust text recipe of `lara train`, as the shipped lara-text-news was trained (its config.json's
+"""The robust text recipe of `lara train`, as the shipped lara-text-news-bytes was trained (its config.json's
 "model" and "training" sections): case folding in the graph, a filler-resistant readout (attention pooling,
 or --pooling passages as the shipped model reads now), and label-preserving noise
 plus unrelated filler on every training window (lara_serve.model_export.training.augment.TextAugment).
@@ -26,7 +26,7 @@ from lara_serve.model_export.training.train import LENGTH_MIX
 
 # The encoder's side of the recipe: fixed by the architecture, so the exported graph carries it.
 # --pooling chooses the readout (lara_serve.model_export.models.config.TextConfig.pooling); passages take the shipped
-# lara-text-news model's passage_bytes (512) unless --init's model says otherwise.
+# lara-text-news-bytes model's passage_bytes (512) unless --init's model says otherwise.
 POOLING = "attention"
 
 

@@ -1,6 +1,6 @@
 """One access-log line per gRPC call, as HTTP requests get one (uvicorn's, and lara_serve.server.middleware's):
 
-    127.0.0.1:53412 - "gRPC /inference.GRPCInferenceService/ModelInfer" 0 OK model=lara-text-news 12.3ms
+    127.0.0.1:53412 - "gRPC /inference.GRPCInferenceService/ModelInfer" 0 OK model=lara-text-news-bytes 12.3ms
 
 peer, the full method, the status code (number and name, as HTTP's "200 OK"), the model ("-" when the
 call names none; the service name for health checks) and the time from the call's start to its end.

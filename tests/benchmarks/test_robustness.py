@@ -131,12 +131,12 @@ def _figures(node, path=""):
 @pytest.mark.timeout(1800)  # about 30 s of CPU; far longer in wall time on a machine shared with training runs
 def test_suite_on_a_small_slice(tmp_path, monkeypatch):
     monkeypatch.setattr(cnn, "CACHE", tmp_path / "cnn")
-    argv = ["--models", "lara-text-news", "lara-vit-fashion", "--limit", "16", "--filler-docs", "4",
+    argv = ["--models", "lara-text-news-bytes", "lara-vit-fashion", "--limit", "16", "--filler-docs", "4",
             "--filler-sources", "lorem", "code", "--filler-kb", "1", "3", "--variants", "upper", "markup",
             "--ood-items", "6", "--sotu", "1", "--cnn-budget", "3", "--out", str(tmp_path), "--name", "t"]  # fmt: skip
     suite.main(argv)
     out = json.loads((tmp_path / "t.json").read_text())
-    news, vit = out["models"]["lara-text-news"], out["models"]["lara-vit-fashion"]
+    news, vit = out["models"]["lara-text-news-bytes"], out["models"]["lara-vit-fashion"]
     assert set(news["cases"]) == {"clean", "upper", "markup"}
     assert set(news["filler"]) == {f"{s}/{p}/{k}" for s in ("lorem", "code") for p in perturb.POSITIONS for k in (1, 3)}
     assert news["cases"]["clean"]["model"]["n"] == 16 and news["filler"]["lorem/append/3"]["model"]["n"] == 4
@@ -152,7 +152,7 @@ def test_suite_on_a_small_slice(tmp_path, monkeypatch):
         assert all(("model_auroc_ood" in row) == r["has_ood_score"] for row in r["ood"].values())
     assert news["cases"]["clean"]["anchor"]["value"] >= 0.8  # a bag of words on its own test split
     md = (tmp_path / "t.md").read_text()
-    assert "| lara-text-news | upper-cased |" in md and "| lara-vit-fashion | rotated 15 degrees |" in md
+    assert "| lara-text-news-bytes | upper-cased |" in md and "| lara-vit-fashion | rotated 15 degrees |" in md
     assert (tmp_path / "t_filler.png").stat().st_size > 10_000 and (tmp_path / "t_calibration.png").is_file()
 
 
@@ -180,6 +180,6 @@ def test_repository_option_reads_models_from_another_folder_and_restores_the_shi
     shipped = runners.REPOSITORY
     (tmp_path / "candidate" / "1").mkdir(parents=True)
     (tmp_path / "candidate" / "1" / "model.onnx").write_bytes(b"")
-    with pytest.raises(SystemExit, match=r"unknown model\(s\) \['lara-text-news'\]; shipped: \['candidate'\]"):
-        suite.main(["--repository", str(tmp_path), "--models", "lara-text-news", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match=r"unknown model\(s\) \['lara-text-news-bytes'\]; shipped: \['candidate'\]"):
+        suite.main(["--repository", str(tmp_path), "--models", "lara-text-news-bytes", "--out", str(tmp_path)])
     assert shipped == runners.REPOSITORY

@@ -161,5 +161,5 @@ def clear_examples(per_class: int = 1, repository: Path = REPOSITORY, skip: set[
                 f"examples get p >= {MIN_PROBABILITY} from model.onnx; is the model broken?"
             )
             examples.extend(found)
-    assert {e.model for e in examples} >= {"lara-text-news", "lara-vit-fashion"}, "shipped models missing"
+    assert {e.model for e in examples} >= {"lara-text-news-bytes", "lara-vit-fashion"}, "shipped models missing"
     return examples

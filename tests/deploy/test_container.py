@@ -240,7 +240,7 @@ def test_one_mib_document_within_a_2_gib_limit(image: str, docker: dict[str, str
         if limit is None:
             need(f"the container's memory limit cannot be read here (none of {LIMIT_FILES})")
         assert limit == 2 * 2**30, limit
-        model = "lara-text-news"
+        model = "lara-text-news-bytes"
         prefix = httpx.post(f"{url}/v1/models/{model}:classify", content=document[:65536], headers=headers, timeout=120)
         assert prefix.status_code == 200, prefix.text  # 64 KiB: the whole graph, its arena at its largest
         whole = httpx.post(f"{url}/v1/models/{model}:classify", content=document, headers=headers, timeout=600)

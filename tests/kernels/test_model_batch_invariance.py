@@ -15,7 +15,7 @@ import torch
 
 from lara_serve.model_export import load_pretrained
 
-TEXT_MODEL = Path(__file__).resolve().parents[2] / "model_repository" / "lara-text-news"
+TEXT_MODEL = Path(__file__).resolve().parents[2] / "model_repository" / "lara-text-news-bytes"
 
 
 def _batch(lengths: list[int], seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -26,7 +26,7 @@ from lara_serve.server.repository import read_config
 from tests.kernels.conftest import make_inputs, tail_padding
 from tests.model_export.test_export import _single_node_model
 
-NEWS = Path(__file__).resolve().parents[2] / "model_repository" / "lara-text-news"
+NEWS = Path(__file__).resolve().parents[2] / "model_repository" / "lara-text-news-bytes"
 
 
 @pytest.fixture(scope="module", autouse=True)

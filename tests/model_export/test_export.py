@@ -29,7 +29,7 @@ from lara_serve.model_export.training.data import encode_bytes, normalize_images
 from tests.digests import sha256
 
 REPO = Path(__file__).resolve().parents[2] / "model_repository"
-SHIPPED = {"text": "lara-text-news", "image": "lara-vit-fashion"}
+SHIPPED = {"text": "lara-text-news-bytes", "image": "lara-vit-fashion"}
 TINY = {"text": "tiny-text", "image": "tiny-vit"}
 
 

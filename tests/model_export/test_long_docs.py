@@ -20,7 +20,7 @@ from lara_serve.model_export.training.tasks import fold_split, text_docs
 from tests.model_export.conftest import assert_padding_invariant
 
 REPO = Path(__file__).resolve().parents[2] / "model_repository"
-NEWS, GENRE = REPO / "lara-text-news", REPO / "lara-text-genre"
+NEWS, GENRE = REPO / "lara-text-news-bytes", REPO / "lara-text-genre"
 
 
 # -- Brown ------------------------------------------------------------------------------------------------

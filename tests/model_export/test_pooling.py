@@ -110,7 +110,7 @@ def test_pool_lr_mult_moves_the_pooling_scores_that_many_times_faster(tmp_path) 
     moved = {}
     for mult, steps in ((0.0, 0), (1.0, 2), (40.0, 2)):  # 0 steps: the initial weights, the same for all
         out = tmp_path / f"m{mult}"
-        argv = ["--model", "lara-text-news", "--limit", "16", "--max-steps", str(steps), "--epochs", "1"]
+        argv = ["--model", "lara-text-news-bytes", "--limit", "16", "--max-steps", str(steps), "--epochs", "1"]
         argv += ["--eval-limit", "4"]
         argv += ["--no-test", "--threads", "1", "--train-length", "256", "--batch-size", "4", "--lr", "1e-3"]
         argv += ["--override", '{"pooling": "attention", "depth": 1, "ngram_buckets": 0}', "--pool-lr-mult", str(mult)]

@@ -13,7 +13,7 @@ from lara_serve.model_export.training.data import encode_bytes, normalize_images
 from tests.model_export.conftest import assert_padding_invariant
 
 REPO = Path(__file__).resolve().parents[2] / "model_repository"
-VIT, TEXT = REPO / "lara-vit-fashion", REPO / "lara-text-news"
+VIT, TEXT = REPO / "lara-vit-fashion", REPO / "lara-text-news-bytes"
 
 
 def _need(path: Path) -> None:

@@ -95,7 +95,7 @@ def shipped_program(model: str, chunk: int) -> tuple[SlicedProgram, dict]:
     return SlicedProgram(spec, ort_runners(folder, spec, session)), spec
 
 
-@pytest.mark.parametrize("model", ["lara-text-news", "lara-text-genre"])
+@pytest.mark.parametrize("model", ["lara-text-news-bytes", "lara-text-genre"])
 def test_shipped_graphs_are_within_twice_the_whole_graphs_float32_error(model: str) -> None:
     from lara_serve.model_export.models.hub import load_pretrained
 

@@ -136,11 +136,11 @@ def test_wide_path_round_trips_through_save_export_and_load(tmp_path: Path) -> N
 
 def test_training_fits_idf_on_the_training_documents(tmp_path: Path) -> None:
     out = tmp_path / "m"
-    argv = ["--model", "lara-text-news", "--length-mix", '{"head_prob": 0.5}', "--limit", "20", "--max-steps", "1"]
+    argv = ["--model", "lara-text-news-bytes", "--length-mix", '{"head_prob": 0.5}', "--limit", "20", "--max-steps", "1"]
     argv += ["--epochs", "1", "--eval-limit", "5", "--no-test", "--threads", "1", "--override"]
     argv += [json.dumps({"tfidf_buckets": BUCKETS, "ngram_buckets": 0, "depth": 1})]
     train.main([*argv, "--out", str(out), "--run-dir", str(tmp_path / "ckpt")])
-    cfg = get_config("lara-text-news", tfidf_buckets=BUCKETS)
+    cfg = get_config("lara-text-news-bytes", tfidf_buckets=BUCKETS)
     expected = TfidfHead(BUCKETS, 5)
     expected.fit_idf(document_ids(load_task("news", "train", cfg, limit=20, length_mix={"head_prob": 0.5})))
     assert torch.equal(load_pretrained(out).tfidf.idf, expected.idf) and (expected.idf > 0).sum() > 100

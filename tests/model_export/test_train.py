@@ -105,8 +105,8 @@ def test_time_budget_on_the_cpu_clock_stops_mid_run(tmp_path, fashion_test):
 @pytest.mark.parametrize(
     "argv",
     [
-        ["--model", "lara-text-news", "--length-mix", '{"head_prob": 0.5}', "--time-budget", "65", "--seed", "1"],
-        ["--model", "lara-text-news", "--length-mix", "--override", '{"ngram_orders": [2, 3]}', "--resume"],
+        ["--model", "lara-text-news-bytes", "--length-mix", '{"head_prob": 0.5}', "--time-budget", "65", "--seed", "1"],
+        ["--model", "lara-text-news-bytes", "--length-mix", "--override", '{"ngram_orders": [2, 3]}', "--resume"],
         ["--model", "lara-vit-fashion", "--epochs", "3", "--no-augment", "--out", "runs/a b"],
     ],
 )
@@ -128,12 +128,12 @@ def test_init_from_names_unused_tensors_and_differing_settings(capsys) -> None:
     architecture, or an attention-pooling one, from it must say so, not load silently."""
     from pathlib import Path
 
-    src = Path(__file__).resolve().parents[2] / "model_repository" / "lara-text-news"
-    train._init_from(me.create_model("lara-text-news"), src)
+    src = Path(__file__).resolve().parents[2] / "model_repository" / "lara-text-news-bytes"
+    train._init_from(me.create_model("lara-text-news-bytes"), src)
     out = capsys.readouterr().out
     assert "case_fold True -> False" in out and "pooling 'passages' -> 'mean'" in out
-    train._init_from(me.create_model("lara-text-news", case_fold=True, pooling="attention"), src)
+    train._init_from(me.create_model("lara-text-news-bytes", case_fold=True, pooling="attention"), src)
     out = capsys.readouterr().out
     assert "fresh: ['pool.score.bias', 'pool.score.weight']" in out and "pooling 'passages' -> 'attention'" in out
-    train._init_from(me.create_model("lara-text-news", case_fold=True, pooling="passages"), src)
+    train._init_from(me.create_model("lara-text-news-bytes", case_fold=True, pooling="passages"), src)
     assert "warning" not in capsys.readouterr().out

@@ -40,12 +40,12 @@ def test_the_least_max_length_is_accepted() -> None:
     ("extra", "processes", "want", "why"),
     [
         ([], 1, "lara-news-minilm", "the default: lara-news-minilm frozen"),
-        (["--epochs", "2"], 1, "lara-text-news", "--epochs train(s) the byte encoder"),
-        (["--lr", "1e-3", "--no-augment"], 1, "lara-text-news", "--lr, --no-augment train(s) the byte encoder"),
-        (["--resume"], 1, "lara-text-news", "--resume train(s)"),
-        (["--pooling", "mean"], 1, "lara-text-news", "--pooling mean train(s)"),
-        (["--arch", "tiny-text"], 1, "lara-text-news", "--arch train(s)"),
-        ([], 2, "lara-text-news", "2 processes train the byte encoder"),
+        (["--epochs", "2"], 1, "lara-text-news-bytes", "--epochs train(s) the byte encoder"),
+        (["--lr", "1e-3", "--no-augment"], 1, "lara-text-news-bytes", "--lr, --no-augment train(s) the byte encoder"),
+        (["--resume"], 1, "lara-text-news-bytes", "--resume train(s)"),
+        (["--pooling", "mean"], 1, "lara-text-news-bytes", "--pooling mean train(s)"),
+        (["--arch", "tiny-text"], 1, "lara-text-news-bytes", "--arch train(s)"),
+        ([], 2, "lara-text-news-bytes", "2 processes train the byte encoder"),
         (["--max-length", "4096", "--time-budget", "5", "--no-wide"], 1, "lara-news-minilm", "the default"),
     ],
 )
@@ -67,4 +67,4 @@ def test_without_the_pretrained_model_the_default_is_the_byte_encoder(tmp_path, 
 
     monkeypatch.setattr(options, "SHIPPED", tmp_path)  # a lean image: no lara-news-minilm
     init, said = options.default_text_init(parsed(), 1)
-    assert init == "lara-text-news" and "lara-news-minilm is not in" in said
+    assert init == "lara-text-news-bytes" and "lara-news-minilm is not in" in said

@@ -60,7 +60,7 @@ def test_text_model_folder_is_complete(work: Path) -> None:
     assert conf["split"]["counts"] == {"train": 36, "holdout": 3, "test": 9}
     assert conf["calibration"]["temperature"] > 0 and len(conf["metrics"]["history"]) == 3
     assert conf["export"]["output_names"] == ["logits", "ood_score"] and conf["ood"]["threshold"] > 0
-    # The robust text recipe (lara_serve.model_export.your_data.recipe), as the shipped lara-text-news was trained.
+    # The robust text recipe (lara_serve.model_export.your_data.recipe), as the shipped lara-text-news-bytes was trained.
     assert conf["model"]["pooling"] == "attention" and conf["model"]["case_fold"] is True
     training = conf["training"]
     assert training["augment"] is True and training["text_augment"]["filler_prob"] == 0.5
@@ -276,7 +276,7 @@ def test_text_starts_from_the_shipped_encoder_with_a_new_head(work: Path) -> Non
 
     from lara_serve.model_export.your_data.command import SHIPPED, add_arguments, prepare
 
-    shipped = SHIPPED / "lara-text-news" / "1" / "model.safetensors"
+    shipped = SHIPPED / "lara-text-news-bytes" / "1" / "model.safetensors"
     if not shipped.is_file():
         pytest.skip(f"{shipped} is not here")
     parser = argparse.ArgumentParser()
@@ -284,11 +284,11 @@ def test_text_starts_from_the_shipped_encoder_with_a_new_head(work: Path) -> Non
     # the byte encoder by name (without --init and without an option of its training, lara-news-minilm is the
     # default: test_usertrain_pretrained); an option of its training picks it too
     args = [str(work / "news.jsonl"), "--out", str(work / "unused")]
-    prep = prepare(parser.parse_args([*args, "--init", "lara-text-news"]))
+    prep = prepare(parser.parse_args([*args, "--init", "lara-text-news-bytes"]))
     assert prep.hp["init_choice"] == "--init"
     assert prepare(parser.parse_args([*args, "--lr", "1e-3"])).hp["init_choice"].startswith("--lr train(s)")
     source, own = load_file(str(shipped)), prep.model.state_dict()
-    assert prep.cfg.dim == 128 and prep.cfg.num_classes == 3 and prep.hp["arch"] == "lara-text-news"
+    assert prep.cfg.dim == 128 and prep.cfg.num_classes == 3 and prep.hp["arch"] == "lara-text-news-bytes"
     assert torch.equal(own["embed.weight"], source["embed.weight"])
     assert own["head.weight"].shape == (3, 128) != source["head.weight"].shape
     assert not (work / "unused").exists()
@@ -349,7 +349,7 @@ def test_config_names_a_shipped_init_by_its_name_not_this_checkouts_path(tmp_pat
     from lara_serve.model_export.your_data.artifact import SHIPPED, init_record
 
     assert init_record(None) == "none"
-    assert init_record(SHIPPED / "lara-text-news") == "lara-text-news"
+    assert init_record(SHIPPED / "lara-text-news-bytes") == "lara-text-news-bytes"
     own = tmp_path / "my-model"
     assert init_record(own) == str(own)
     assert init_record(Path("runs/my-model")) == "runs/my-model"

@@ -68,7 +68,7 @@ def test_text_models_get_a_utf8_wide_path_unless_no_wide(tmp_path: Path) -> None
     assert not (tmp_path / "m").exists()
 
 
-@pytest.mark.parametrize("init", ["lara-text-news", "lara-text-genre"])
+@pytest.mark.parametrize("init", ["lara-text-news-bytes", "lara-text-genre"])
 def test_init_from_a_shipped_encoder_with_the_recipes_pooling(tmp_path: Path, init: str) -> None:
     """Neither shipped model pools by attention (news reads passages, genre takes a mean): the recipe's
     pooling scores start fresh, as do the head and the wide path (fitted later); every other tensor is the
@@ -92,14 +92,14 @@ def test_init_from_a_shipped_encoder_with_the_recipes_pooling(tmp_path: Path, in
 
 
 def test_pooling_passages_takes_the_shipped_news_readout_whole(tmp_path: Path) -> None:
-    """--pooling passages from lara-text-news (which reads passages): only the head and the wide path start
+    """--pooling passages from lara-text-news-bytes (which reads passages): only the head and the wide path start
     fresh, the passage size is the shipped one, and config.json's recipe line names the readout."""
-    if not (SHIPPED / "lara-text-news" / "1" / "model.safetensors").is_file():
-        pytest.skip("the shipped lara-text-news is not here")
+    if not (SHIPPED / "lara-text-news-bytes" / "1" / "model.safetensors").is_file():
+        pytest.skip("the shipped lara-text-news-bytes is not here")
     write_texts(tmp_path / "d.jsonl")
-    argv = [str(tmp_path / "d.jsonl"), "--out", str(tmp_path / "m"), "--init", "lara-text-news"]
+    argv = [str(tmp_path / "d.jsonl"), "--out", str(tmp_path / "m"), "--init", "lara-text-news-bytes"]
     prep = _prepare([*argv, "--pooling", "passages"])
-    shipped = json.loads((SHIPPED / "lara-text-news" / "config.json").read_text())["model"]
+    shipped = json.loads((SHIPPED / "lara-text-news-bytes" / "config.json").read_text())["model"]
     assert prep.cfg.pooling == "passages" and prep.cfg.passage_bytes == shipped["passage_bytes"]
     assert prep.model.passages is not None and prep.model.pool is None
     assert prep.hp["init_tensors"]["fresh"] == ["head.bias", "head.weight", "tfidf.idf", "tfidf.weight"]

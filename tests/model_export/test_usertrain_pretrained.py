@@ -216,7 +216,7 @@ def test_the_shipped_name_resolves_to_its_frozen_encoder(tmp_path: Path) -> None
     argv = [str(tmp_path / "d.jsonl"), "--out", str(tmp_path / "m")]
     assert pretrained_init.applies(_args([*argv, "--init", "lara-news-minilm"]))
     assert not any(pretrained_init.applies(_args([*argv, *more])) for more in ([], ["--init", "none"],
-                                                                                 ["--init", "lara-text-news"]))  # fmt: skip
+                                                                                 ["--init", "lara-text-news-bytes"]))  # fmt: skip
     prep = prepare(_args([*argv, "--init", "lara-news-minilm"]))
     assert isinstance(prep, pretrained_init.Frozen) and prep.init == SHIPPED / "lara-news-minilm"
     shipped = load_pretrained(SHIPPED / "lara-news-minilm")

@@ -203,7 +203,7 @@ def test_an_int8_graph_gives_a_row_the_answer_it_gets_alone() -> None:
     the same bits batched, padded or not."""
     model_dir = DEFAULT_MODEL_REPOSITORY / "lara-news-minilm"
     config = read_config(model_dir)
-    assert config.rows_alone and not read_config(DEFAULT_MODEL_REPOSITORY / "lara-text-news").rows_alone
+    assert config.rows_alone and not read_config(DEFAULT_MODEL_REPOSITORY / "lara-text-news-bytes").rows_alone
     backend = create_backend("onnxruntime", model_dir, config, "cpu", num_threads=1)
     texts = [ARTICLE, b"The striker scored twice as the home side won the cup final. " * 12, b"a"]
     items = [text_item(t, config.preprocessing, False) for t in texts]  # type: ignore[arg-type]

@@ -83,7 +83,7 @@ async def test_backends_agree(repo: Path, make_settings: Callable[..., Settings]
         np.testing.assert_allclose([s["score"] for s in t["top_k"]], [s["score"] for s in o["top_k"]], atol=1e-5)
 
 
-SHIPPED_TEXT = Path(__file__).resolve().parents[2] / "model_repository" / "lara-text-news"
+SHIPPED_TEXT = Path(__file__).resolve().parents[2] / "model_repository" / "lara-text-news-bytes"
 
 
 def test_shipped_text_model_on_torch_is_bitwise_batch_invariant() -> None:

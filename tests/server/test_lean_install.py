@@ -70,7 +70,7 @@ def test_lara_serve_serves_the_shipped_models(lean_venv: Path, tmp_path: Path) -
             "table, three points behind the leaders, with the cup final against Liverpool next week."
         )
         done = subprocess.run([str(lean_venv / "bin" / "lara"), "--url", url, "predict", "--json", "--model",
-                               "lara-text-news", str(text)], capture_output=True, text=True, timeout=60)  # fmt: skip
+                               "lara-text-news-bytes", str(text)], capture_output=True, text=True, timeout=60)  # fmt: skip
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout)["label"] == "sport"
         metadata = httpx.get(f"{url}/v2/models/lara-vit-fashion").json()

@@ -1,6 +1,6 @@
 """The lean install's memory for a long document: bounded while it runs, returned after it.
 
-A fresh process (benchmarks/memory_one_mib.py's measured child) runs lara-text-news through the onnxruntime
+A fresh process (benchmarks/memory_one_mib.py's measured child) runs lara-text-news-bytes through the onnxruntime
 backend as the image serves it (no torch): on its sliced program (what serves documents over 64K tokens),
 and on the whole graph's lean session (what serves them for a model without one). 128 KiB rather than
 1 MiB keeps each near 10 s: the figures per byte hold at 1 MiB (benchmarks/results/memory_one_mib.json:
@@ -31,7 +31,7 @@ def measure(variant: str, tmp: Path) -> dict[str, float]:
     return json.loads(out.read_text())["variants"][variant]
 
 
-@pytest.mark.skipif(not (ROOT / "model_repository" / "lara-text-news" / "1" / "sliced").is_dir(),
+@pytest.mark.skipif(not (ROOT / "model_repository" / "lara-text-news-bytes" / "1" / "sliced").is_dir(),
                     reason="shipped model or its sliced program absent")  # fmt: skip
 def test_sliced_program_peak_is_small_and_memory_is_returned(tmp_path: Path) -> None:
     m = measure("sliced", tmp_path)
@@ -41,7 +41,7 @@ def test_sliced_program_peak_is_small_and_memory_is_returned(tmp_path: Path) -> 
     assert m["rss_after_short_mib"] < m["rss_loaded_mib"] + RETURNED_MIB, m
 
 
-@pytest.mark.skipif(not (ROOT / "model_repository" / "lara-text-news").is_dir(), reason="shipped model absent")
+@pytest.mark.skipif(not (ROOT / "model_repository" / "lara-text-news-bytes").is_dir(), reason="shipped model absent")
 def test_long_document_peak_is_bounded_and_memory_is_returned(tmp_path: Path) -> None:
     m = measure("after", tmp_path)
     assert m["peak_rss_mib"] < PEAK_BOUND_MIB, m

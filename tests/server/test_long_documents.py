@@ -19,7 +19,7 @@ from lara_serve.model_export.training.long_docs import make_composites
 from lara_serve.server.testing import server_process
 
 REPO = Path(__file__).resolve().parents[2] / "model_repository"
-NEWS = "lara-text-news"
+NEWS = "lara-text-news-bytes"
 MAX = 1 << 20
 LONG = 65536  # what the models were trained and export-checked at
 pytestmark = pytest.mark.slow

@@ -16,7 +16,7 @@ from lara_serve.server.testing import server_process
 
 http = pytest.importorskip("tritonclient.http")
 REPO = Path(__file__).resolve().parents[2] / "model_repository"
-IMAGE, TEXT = "lara-vit-fashion", "lara-text-news"
+IMAGE, TEXT = "lara-vit-fashion", "lara-text-news-bytes"
 
 # Twenty texts written for this test, of the kinds the news model knows and a few it does not.
 TEXTS = [

@@ -21,13 +21,13 @@ from lara_serve.server.backends.onnx_runtime import OnnxRuntimeBackend
 from lara_serve.server.preprocess import collate, text_item
 from lara_serve.server.repository import read_config
 
-SHIPPED = Path(__file__).resolve().parents[2] / "model_repository" / "lara-text-news"
+SHIPPED = Path(__file__).resolve().parents[2] / "model_repository" / "lara-text-news-bytes"
 pytestmark = pytest.mark.skipif(not (SHIPPED / "1" / "sliced").is_dir(), reason="shipped sliced program absent")
 
 
 @pytest.fixture()
 def model_dir(tmp_path: Path) -> Path:
-    """The shipped lara-text-news (config.json, model.onnx, sliced/) in a repository of its own."""
+    """The shipped lara-text-news-bytes (config.json, model.onnx, sliced/) in a repository of its own."""
     target = tmp_path / "repo" / SHIPPED.name
     (target / "1").mkdir(parents=True)
     shutil.copy(SHIPPED / "config.json", target / "config.json")

@@ -152,8 +152,8 @@ def test_ui_classifies_a_fashion_image_and_a_news_article(browser: Any, shipped_
     doc = (text * 8).encode()
     for length in (300, 4000, 8000):
         body = {"instances": [doc[:length].decode(errors="ignore")]}
-        assert httpx.post(f"{shipped_url}/v1/models/lara-text-news:predict", json=body, timeout=60).status_code == 200
-    page.select_option("#model", "lara-text-news")
+        assert httpx.post(f"{shipped_url}/v1/models/lara-text-news-bytes:predict", json=body, timeout=60).status_code == 200
+    page.select_option("#model", "lara-text-news-bytes")
     page.wait_for_selector("#text-input:not([hidden])")
     page.fill("#text", text)
     page.click("#classify")
@@ -169,7 +169,7 @@ def test_ui_classifies_a_fashion_image_and_a_news_article(browser: Any, shipped_
     screenshot(page, tmp_path, "ui.png")
 
     page.select_option("#truncate", "false")
-    max_length = httpx.get(f"{shipped_url}/v1/models/lara-text-news").json()["max_length"]
+    max_length = httpx.get(f"{shipped_url}/v1/models/lara-text-news-bytes").json()["max_length"]
     page.fill("#text", "x" * (max_length + 1))  # one byte too long: refused, and the page says why
     page.click("#classify")
     page.wait_for_selector("#status.error", timeout=30_000)
