@@ -378,7 +378,9 @@ def _load_one(name: str, model_dir: Path, settings: Settings, metrics: Metrics |
         from lara_serve.server.backends.allocator import keep_freed_memory
 
         keep_freed_memory()
-    ort_options = OrtOptions(settings.ort_attention, settings.ort_spinning, settings.ort_long_via_torch)
+    ort_options = OrtOptions(
+        settings.ort_attention, settings.ort_spinning, settings.ort_long_via_torch, settings.ort_shared_arena
+    )
     backend = create_backend(kind, model_dir, config, settings.device, settings.num_threads, ort_options)
     observer = metrics.observer(name) if metrics is not None else None
     model = ServedModel(config, backend, policy_from(settings), observer)

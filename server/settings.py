@@ -53,6 +53,15 @@ class Settings(BaseSettings):
         "spinning only takes cores from the event loop and other work. On: maybe a little lower latency "
         "on cores nothing else uses.",
     )
+    ort_shared_arena: bool = Field(
+        True,
+        description="onnxruntime on CPU: every model's session draws on one memory arena for the process. "
+        "An arena keeps the size of the largest batch it ran: with one arena per model the process keeps the "
+        "sum of every model's largest batch (the image's models after their largest batches: 1,175 MiB, 312 "
+        "idle), with one shared arena about the largest run at one time (789 MiB; `python -m "
+        "benchmarks.memory_one_mib --variants server,server_own_arenas`). Off: one arena per model, as "
+        "before 2026-12-06.",
+    )
     ort_long_via_torch: bool = Field(
         True,
         description="onnxruntime on CPU: text documents longer than 65,536 tokens run on the same model's "

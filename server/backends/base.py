@@ -25,12 +25,14 @@ class ModelOutputs:
 
 @dataclass(frozen=True)
 class OrtOptions:
-    """How onnxruntime runs a model: settings.ort_attention, ort_spinning and ort_long_via_torch, grouped so
+    """How onnxruntime runs a model: settings.ort_attention, ort_spinning, ort_long_via_torch and
+    ort_shared_arena, grouped so
     that the factory passes them on as one value (the torch backend has no use for them)."""
 
     attention: OrtAttention = "auto"
     spinning: bool = False
     long_via_torch: bool = True
+    shared_arena: bool = True
 
 
 class Backend(Protocol):

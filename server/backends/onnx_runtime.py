@@ -15,7 +15,7 @@ shipped text models do) runs such documents on it instead, on the CPU, with or w
 over slices of rows, the residual stream (512 B per token) the only full-length tensor: 810 MiB peak for the
 backend at 1 MiB against 7.5 GB (lara_serve.sliced_program, benchmarks/memory_one_mib.py).
 
-A windowed word-piece model (lara-news-minilm) ships a program of its own kind
+A windowed word-piece model (lara-text-news) ships a program of its own kind
 (lara_serve.model_export.export.sliced_windows: groups of windows and the pool's running sums) whose manifest
 names where it takes over, `long_from` (its whole graph's max_length, 16,384 pieces), instead of LONG_TOKENS.
 
@@ -102,6 +102,8 @@ class OnnxRuntimeBackend(BackendBase):
             if not arena:
                 options.enable_cpu_mem_arena = False
                 options.enable_mem_pattern = False
+            elif device == "cpu" and ort_options.shared_arena:
+                _share_cpu_arena(ort, options)
             self.attention_kernel = kernel
             return ort.InferenceSession(str(at or path), sess_options=options, providers=providers)
 
@@ -364,6 +366,25 @@ def _session_options(ort: Any, device: Device, num_threads: int, ort_options: Or
     if device == "cpu" and ort_options.attention != "body":
         kernel = _fused_or_body(options, ort_options.attention)
     return options, kernel
+
+
+_SHARED_ARENA = threading.Lock()
+_shared_arena_registered = False
+
+
+def _share_cpu_arena(ort: Any, options: Any) -> None:
+    """Let the session allocate from the process's one CPU arena (settings.ort_shared_arena), registered with
+    onnxruntime's environment at the first such session. An arena keeps what its largest run took; per model,
+    the process would keep every text model's largest batch at once (benchmarks/memory_one_mib.py)."""
+    global _shared_arena_registered
+    with _SHARED_ARENA:
+        if not _shared_arena_registered:
+            info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
+            # OrtArenaCfg(max_mem, extend strategy, initial chunk, max dead bytes): 0 and -1 are the defaults
+            # (no cap, next power of two) of a session's own arena.
+            ort.create_and_register_allocator(info, ort.OrtArenaCfg(0, -1, -1, -1))
+            _shared_arena_registered = True
+    options.add_session_config_entry("session.use_env_allocators", "1")
 
 
 def _fused_or_body(options: object, attention: OrtAttention) -> str:

@@ -46,6 +46,25 @@ def test_ort_spinning_setting_reaches_every_session(repo: Path, spinning: bool) 
             model.backend.close()
 
 
+@pytest.mark.parametrize("shared", [True, False])
+def test_ort_shared_arena_setting_reaches_every_session(repo: Path, shared: bool) -> None:
+    """settings.ort_shared_arena (on unless turned off) reaches the sessions that serve; what it saves is
+    measured in tests/server/test_shared_arena.py and benchmarks/memory_one_mib.py."""
+    models = load_models(Settings(model_repository=repo, warmup=False, ort_shared_arena=shared))
+    try:
+        for model in models.values():
+            options = model.backend.session.get_session_options()  # type: ignore[attr-defined]
+            entries = {"session.use_env_allocators": "1"} if shared else {}
+            found = {k: options.get_session_config_entry(k) for k in entries}  # absent: raises, as it should not
+            assert found == entries, model.name
+            if not shared:
+                with pytest.raises(RuntimeError, match="use_env_allocators"):  # never set: each its own arena
+                    options.get_session_config_entry("session.use_env_allocators")
+    finally:
+        for model in models.values():
+            model.backend.close()
+
+
 def test_torch_backend_matches_onnxruntime(repo: Path) -> None:
     config = read_config(repo / TEXT)
     inputs = collate([text_item(b"hello", config.preprocessing, False),  # type: ignore[arg-type]
@@ -94,7 +113,7 @@ def test_real_models_both_backends_agree(model_dir: Path) -> None:
     config = read_config(model_dir)
     onnx_backend = create_backend("onnxruntime", model_dir, config, "cpu")
     torch_backend = create_backend("torch", model_dir, config, "cpu")
-    # An int8 graph (lara-news-minilm, export.quantization) serves int8 weights where torch reads the float ones:
+    # An int8 graph (lara-text-news, export.quantization) serves int8 weights where torch reads the float ones:
     # the same answer on an article, probabilities within 0.05 (its build: mean |dp| 0.010 on the test forms;
     # short texts move most, tests/model_export/test_shipped_minilm.py); float graphs agree to 1e-3 on logits.
     quantized = "quantization" in json.loads((model_dir / "config.json").read_text()).get("export", {})
@@ -195,13 +214,13 @@ def test_the_hand_off_length_is_where_the_torch_forward_slices(repo: Path, tmp_p
 
 
 @pytest.mark.skipif(
-    not (DEFAULT_MODEL_REPOSITORY / "lara-news-minilm" / "config.json").is_file(), reason="lara-news-minilm not here"
+    not (DEFAULT_MODEL_REPOSITORY / "lara-text-news" / "config.json").is_file(), reason="lara-text-news not here"
 )
 def test_an_int8_graph_gives_a_row_the_answer_it_gets_alone() -> None:
-    """lara-news-minilm's int8 graph quantizes activations with one scale per call: batched naively, an article's
+    """lara-text-news's int8 graph quantizes activations with one scale per call: batched naively, an article's
     ood_score moved 5% with another document beside it. Its backend runs each row alone, at its own length:
     the same bits batched, padded or not."""
-    model_dir = DEFAULT_MODEL_REPOSITORY / "lara-news-minilm"
+    model_dir = DEFAULT_MODEL_REPOSITORY / "lara-text-news"
     config = read_config(model_dir)
     assert config.rows_alone and not read_config(DEFAULT_MODEL_REPOSITORY / "lara-text-news-bytes").rows_alone
     backend = create_backend("onnxruntime", model_dir, config, "cpu", num_threads=1)
