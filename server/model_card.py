@@ -19,6 +19,10 @@ from lara_serve.server.schemas import MAX_PASSAGES_RANGE
 _SUITS = {
     "text": "English documents of a few hundred bytes or more, like the training corpus (see data); very short "
     "texts (a headline, a sentence) are out of distribution and get unreliable labels",
+    # A word-piece model reads through a pretrained encoder that knew English before its head saw the data.
+    "text_wordpiece": "English text from a headline or one sentence to a whole document (up to max_length word "
+    "pieces, about 4-5 bytes each), on the topics of the training data (see data); other languages, code and "
+    "tables alone are out of distribution",
     "image": "one centred object on a plain dark background, greyscale, like the training set (see data); the "
     "image is converted to greyscale and resized to {w}x{h}",
     # A model whose config.json turns the preparation steps on (server.preprocess.prepare_image).
@@ -132,7 +136,7 @@ def describe(model: ServedModel) -> dict[str, Any]:
         card["max_length"] = prep.max_length
         card["length_unit"] = "word pieces" if prep.kind == "wordpiece" else "UTF-8 bytes"
         card["truncation_sides"] = list(TRUNCATION_SIDES)
-        card["suited_inputs"] = _SUITS["text"]
+        card["suited_inputs"] = _SUITS["text_wordpiece" if prep.kind == "wordpiece" else "text"]
         card["explain"] = {"v1": ":explain", "v2_parameter": "explain", "method": "occlusion",
                            "max_passages": list(MAX_PASSAGES_RANGE)}  # fmt: skip
     elif isinstance(prep, ImagePreprocessing):

@@ -59,8 +59,10 @@ function updateButton() {
   $("classify").disabled = !ready;
   $("explain").disabled = !ready;
   const bytes = new TextEncoder().encode($("text").value).length;
+  // A word-piece model's max_length counts pieces, which only the server's tokenizer knows: no byte comparison.
+  const inBytes = model && model.length_unit === "UTF-8 bytes";
   $("text-length").textContent = model && model.task === "text"
-    ? bytes + " bytes" + (model.max_length && bytes > model.max_length ? " (over " + model.max_length + ")" : "") : "";
+    ? bytes + " bytes" + (inBytes && model.max_length && bytes > model.max_length ? " (over " + model.max_length + ")" : "") : "";
 }
 
 function takeImage(file) {
@@ -225,7 +227,7 @@ async function drawLatency() {
     svg.append(el("text", { x, y: bottom - h - 3 }, means[i].toFixed(1)));
     svg.append(el("text", { x, y: bottom + 14 }, "\u2264" + (l >= 1024 ? l / 1024 + "K" : l)));
   });
-  $("chart-note").textContent = "Bars: input length in bytes (up to the power of two shown); counts: "
+  $("chart-note").textContent = "Bars: input length in " + (model.length_unit || "tokens") + " (up to the power of two shown); counts: "
     + lengths.map((l) => data[l][1]).join(", ") + ".";
 }
 

@@ -152,7 +152,10 @@ def test_ui_classifies_a_fashion_image_and_a_news_article(browser: Any, shipped_
     doc = (text * 8).encode()
     for length in (300, 4000, 8000):
         body = {"instances": [doc[:length].decode(errors="ignore")]}
-        assert httpx.post(f"{shipped_url}/v1/models/lara-text-news-bytes:predict", json=body, timeout=60).status_code == 200
+        assert (
+            httpx.post(f"{shipped_url}/v1/models/lara-text-news-bytes:predict", json=body, timeout=60).status_code
+            == 200
+        )
     page.select_option("#model", "lara-text-news-bytes")
     page.wait_for_selector("#text-input:not([hidden])")
     page.fill("#text", text)
@@ -166,6 +169,7 @@ def test_ui_classifies_a_fashion_image_and_a_news_article(browser: Any, shipped_
     lengths = [int(bars.nth(i).get_attribute("data-length") or 0) for i in range(bars.count())]
     sent = (300, 4000, 8000, len(text.encode()))
     assert lengths == sorted({1 << (n - 1).bit_length() for n in sent})  # each length's power-of-two bucket
+    assert "input length in UTF-8 bytes" in page.locator("#chart-note").inner_text()  # the card's length_unit
     screenshot(page, tmp_path, "ui.png")
 
     page.select_option("#truncate", "false")

@@ -156,6 +156,10 @@ async def test_served_classify_and_explain(wp_repo: Path) -> None:
         assert r.status_code == 200, r.text
         r = await client.post(f"/v1/models/{NAME}:predict", json={"instances": [text + " goal" * 60]})
         assert r.status_code == 413 and "tokens" in r.json()["error"]
+        card = (await client.get(f"/v2/models/{NAME}")).json()["parameters"]
+        # a word-piece model's card: its unit, and a headline is in its range (not the byte models' warning)
+        assert card["length_unit"] == "word pieces" and "from a headline" in card["suited_inputs"]
+        assert "out of distribution and get unreliable" not in card["suited_inputs"]
         r = await client.post(f"/v1/models/{NAME}:explain", json={"instances": [text], "max_passages": 2})
         assert r.status_code == 200, r.text
         (exp,) = r.json()["explanations"]
@@ -169,7 +173,7 @@ async def test_served_classify_and_explain(wp_repo: Path) -> None:
 
 @pytest.fixture(scope="module")
 def windowed_repo(wp_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The same model, its config saying it reads in windows of 8 pieces (as lara-news-minilm reads 510)."""
+    """The same model, its config saying it reads in windows of 8 pieces (as lara-text-news reads 510)."""
     root = tmp_path_factory.mktemp("wp_windowed")
     folder = root / NAME
     (folder / "1").mkdir(parents=True)
