@@ -16,14 +16,27 @@ import torch
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+# On 2026-12-06 the byte news model's folder became lara-text-news-bytes and the pretrained encoder's
+# (lara-news-minilm) became lara-text-news: a commit before that holds each under its former name.
+FORMER_FOLDERS = {"lara-text-news-bytes": "lara-text-news", "lara-text-news": "lara-news-minilm"}
+
+
+def _git(*args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(["git", *args], cwd=RESULTS.parent.parent, capture_output=True)
+
+
+def model_path_at(rev: str, model: str) -> str:
+    """model_repository/<folder> in which commit `rev` shipped `model` (its former folder before the rename)."""
+    renamed = _git("cat-file", "-e", f"{rev}:model_repository/lara-text-news-bytes").returncode == 0
+    return f"model_repository/{model if renamed else FORMER_FOLDERS.get(model, model)}"
+
+
 def shipped_onnx_at(rev: str, model: str) -> bytes:
     """The bytes of the model.onnx that commit `rev` shipped for `model` (to time today's code against it)."""
-    return subprocess.run(
-        ["git", "show", f"{rev}:model_repository/{model}/1/model.onnx"],
-        cwd=RESULTS.parent.parent,
-        capture_output=True,
-        check=True,
-    ).stdout
+    done = _git("show", f"{rev}:{model_path_at(rev, model)}/1/model.onnx")
+    if done.returncode != 0:
+        raise subprocess.CalledProcessError(done.returncode, done.args, done.stdout, done.stderr)
+    return done.stdout
 
 
 def median_time(fn: Callable[[], Any], *, min_repeats: int = 3, budget_s: float = 1.0, warmup: int = 1) -> float:

@@ -1,6 +1,6 @@
 """Does `:explain` point at the article? BBC test articles inside unrelated text, explained by a served model.
 
-    python -m benchmarks.explain_composites                       # lara-news-minilm, 60 articles, 10 KB filler
+    python -m benchmarks.explain_composites                       # lara-text-news, 60 articles, 10 KB filler
     python -m benchmarks.explain_composites --docs 20 --filler-kb 10 20 --name explain_quick
 
 Each article (a seeded sample of the BBC News test split, loaded from the installed package at run time) gets
@@ -155,7 +155,7 @@ def markdown(name: str, args: argparse.Namespace, s: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="lara-news-minilm")
+    p.add_argument("--model", default="lara-text-news")
     p.add_argument("--docs", type=int, default=60, help="articles per filler size")
     p.add_argument("--filler-kb", type=int, nargs="+", default=[10])
     p.add_argument("--max-passages", type=int, default=16)

@@ -38,7 +38,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.common import environment, markdown_table, shipped_onnx_at, write_json
+from benchmarks.common import environment, markdown_table, model_path_at, shipped_onnx_at, write_json
 from lara_serve.model_export.training.long_docs import make_composites
 from lara_serve.model_export.training.tasks import text_docs
 from lara_serve.server.testing import server_process
@@ -149,7 +149,7 @@ def _repo_at(rev: str, model: str, root: Path) -> Path:
     config of today may declare outputs, such as ood_score, that the older graph lacks)."""
     shutil.copytree(REPO / model, root / model)
     (root / model / "1" / "model.onnx").write_bytes(shipped_onnx_at(rev, model))
-    config = subprocess.run(["git", "show", f"{rev}:model_repository/{model}/config.json"], cwd=REPO.parent,
+    config = subprocess.run(["git", "show", f"{rev}:{model_path_at(rev, model)}/config.json"], cwd=REPO.parent,
                             capture_output=True, check=True).stdout  # fmt: skip
     (root / model / "config.json").write_bytes(config)
     return root

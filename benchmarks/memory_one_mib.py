@@ -10,9 +10,11 @@ served every length first); `after`: the whole graph, documents over 65,536 toke
 arena or memory patterns, the heap trimmed after them; `sliced`: documents over 65,536 tokens on the
 model's sliced program (`1/sliced/`, lara_serve.sliced_program), what the server runs now. Per
 variant: RSS when loaded, peak RSS (ru_maxrss), RSS after the long document and after the short one,
-seconds of the long one. `server`: the whole server as the manifests run it (every shipped model,
-SERVER_ENV), one document through `:classify`, its resident memory sampled every 20 ms: the figure the
-pod's memory limit is set from. Writes benchmarks/results/memory_one_mib.json; variants not run this
+seconds of the long one. `server`: the whole server as the image and the manifests run it (the models
+.dockerignore lets into the image, SERVER_ENV), every text model's arena grown by its largest batch, then
+one document through `:classify` to each text model in turn, resident memory sampled every 20 ms: the
+figure the pod's memory limit is set from (--model does not apply to it). `server_own_arenas`: the same with
+one onnxruntime arena per model (LARA_ORT_SHARED_ARENA=false), as before 2026-12-06. Writes benchmarks/results/memory_one_mib.json; variants not run this
 time are kept from the file's previous content (each variant records the command that measured it).
 """
 
@@ -28,7 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "memory_one_mib.json"
-VARIANTS = ("before", "after", "sliced", "server")
+VARIANTS = ("before", "after", "sliced", "server", "server_own_arenas")
 CHILD_VARIANTS = VARIANTS[:3]
 
 
@@ -94,18 +96,38 @@ def _children_rss_mib() -> float:
     return total
 
 
-def _text_models() -> list[str]:
+def left_out_of_image() -> set[str]:
+    """Models that .dockerignore keeps out of the image (a `model_repository/<name>/` line)."""
+    lines = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()]
+    return {line.split("/")[1] for line in lines if line.startswith("model_repository/") and line.endswith("/")
+            and line.count("/") == 2}  # fmt: skip
+
+
+def image_models() -> dict[str, dict]:
+    """name -> config.json of every model the image serves, in repository order."""
     from lara_serve.server.settings import DEFAULT_MODEL_REPOSITORY
 
     configs = sorted(DEFAULT_MODEL_REPOSITORY.glob("*/config.json"))
-    return [p.parent.name for p in configs if json.loads(p.read_text()).get("task") == "text"]
+    skip = left_out_of_image()
+    return {p.parent.name: json.loads(p.read_text()) for p in configs if p.parent.name not in skip}
 
 
-def server(size: int, model: str) -> dict[str, float]:
-    """The whole server (python -m lara_serve.server): idle RSS; RSS once every text model has run one
-    65,536-byte document on its whole graph (the largest batch its arena session sees at the manifests'
-    65,536-token budget: the arenas keep that size); peak while one document of `size` bytes is then
-    classified (sampled every 20 ms): the pod's worst case; RSS after it and after a short one."""
+def largest_batch(config: dict, document: bytes, budget: int) -> list[bytes]:
+    """The texts of the batch that grows a text model's arena the most at the manifests' token budget: one
+    64 KiB document for a byte model (65,536 tokens); for a word-piece model, as many documents at its whole
+    graph's longest as the budget admits (4 x ~15,500 pieces: 644 MiB against 549 for one, measured)."""
+    if config["preprocessing"]["kind"] != "wordpiece":
+        return [document[:budget]]
+    whole = config["model"]["max_length"]  # the whole graph's longest; the sliced program reads past it
+    per = whole * 4  # bytes: about 4.3 bytes a piece in English, so this stays at or under `whole` pieces
+    return [document[i * per : (i + 1) * per] for i in range(budget // whole)]
+
+
+def server(size: int, shared_arena: bool = True) -> dict:
+    """The whole server (python -m lara_serve.server) with the image's models: idle RSS; RSS once every text
+    model has run its largest batch (largest_batch: the arenas keep that size); then, for each text model in
+    turn, peak while one document of `size` bytes is classified (sampled every 20 ms) and RSS after it;
+    `peak_rss_mib`, the largest of them, is the pod's worst case."""
     import threading
 
     import httpx
@@ -115,35 +137,46 @@ def server(size: int, model: str) -> dict[str, float]:
     text = (ROOT / "examples" / "long-document.txt").read_bytes()
     document = (text * (size // len(text) + 1))[:size]
     headers = {"Content-Type": "text/plain"}
-    with server_process(["--log-level", "warning"], env=SERVER_ENV, timeout_s=180) as url:
+    models = image_models()
+    texts = [name for name, config in models.items() if config["task"] == "text"]
+    budget = int(SERVER_ENV["LARA_MAX_BATCH_TOKENS"])
+    env = {**SERVER_ENV, "LARA_ORT_SHARED_ARENA": str(shared_arena).lower()}
+    with server_process(["--log-level", "warning", "--models", ",".join(models)], env=env, timeout_s=300) as url:
         idle = _children_rss_mib()
-        for name in _text_models():  # each arena at its largest: the worst case the pod's limit must hold
-            r = httpx.post(f"{url}/v1/models/{name}:classify", content=document[:65536], headers=headers, timeout=300)
+        for name in texts:  # each arena at its largest: the worst case the pod's limit must hold
+            batch = [t.decode("utf-8", "ignore") for t in largest_batch(models[name], document, budget)]
+            r = httpx.post(f"{url}/v1/models/{name}:predict", json={"instances": batch}, timeout=600)
             r.raise_for_status()
         arenas = _children_rss_mib()
-        peak, done = [arenas], threading.Event()
+        per_model = {}
+        for name in texts:
+            peak, done = [_children_rss_mib()], threading.Event()
 
-        def sample() -> None:
-            while not done.wait(0.02):
-                peak.append(_children_rss_mib())
+            def sample(peak: list[float] = peak, done: threading.Event = done) -> None:
+                while not done.wait(0.02):
+                    peak.append(_children_rss_mib())
 
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-        start = time.perf_counter()
-        r = httpx.post(f"{url}/v1/models/{model}:classify", content=document, headers=headers, timeout=900)
-        seconds = time.perf_counter() - start
-        done.set()
-        sampler.join()
-        r.raise_for_status()
-        after_long = _children_rss_mib()
-        httpx.post(f"{url}/v1/models/{model}:classify", content=text[:2048], headers=headers, timeout=60)
+            sampler = threading.Thread(target=sample, daemon=True)
+            sampler.start()
+            start = time.perf_counter()
+            r = httpx.post(f"{url}/v1/models/{name}:classify", content=document, headers=headers, timeout=900)
+            seconds = time.perf_counter() - start
+            done.set()
+            sampler.join()
+            r.raise_for_status()
+            per_model[name] = {"peak_rss_mib": round(max(peak), 1), "rss_after_long_mib": round(_children_rss_mib(), 1),
+                               "long_seconds": round(seconds, 2), "truncated": r.json().get("truncated")}  # fmt: skip
+            print(name, per_model[name], flush=True)
+        httpx.post(f"{url}/v1/models/{texts[0]}:classify", content=text[:2048], headers=headers, timeout=60)
         return {
+            "models": list(models),
             "rss_idle_mib": round(idle, 1),
             "rss_arenas_mib": round(arenas, 1),
-            "peak_rss_mib": round(max(peak), 1),
-            "rss_after_long_mib": round(after_long, 1),
+            "peak_rss_mib": max(m["peak_rss_mib"] for m in per_model.values()),
+            "rss_after_long_mib": max(m["rss_after_long_mib"] for m in per_model.values()),
             "rss_after_short_mib": round(_children_rss_mib(), 1),
-            "long_seconds": round(seconds, 2),
+            "long_seconds": max(m["long_seconds"] for m in per_model.values()),
+            "per_model": per_model,
         }
 
 
@@ -165,8 +198,8 @@ def main() -> None:
     for variant in args.variants.split(","):  # sequentially, never two at once
         if variant not in VARIANTS:
             parser.error(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
-        if variant == "server":
-            results[variant] = {**server(args.bytes, args.model), "command": command}
+        if variant.startswith("server"):
+            results[variant] = {**server(args.bytes, shared_arena=variant == "server"), "command": command}
             print(variant, results[variant], flush=True)
             continue
         cmd = [sys.executable, "-m", "benchmarks.memory_one_mib", "--model", args.model, "--bytes", str(args.bytes),

@@ -1,4 +1,4 @@
-"""lara-news-minilm past 64 KB: documents read whole by its sliced program (export.sliced_windows), up to 1 MiB.
+"""lara-text-news past 64 KB: documents read whole by its sliced program (export.sliced_windows), up to 1 MiB.
 
     python -m benchmarks.minilm_long [--agree 20] [--lengths 65536,262144,1048576] [--docs 10,10,5] [--threads 2]
 
@@ -32,7 +32,7 @@ from benchmarks.long_composites import wilson
 from benchmarks.pretrained_cost import labelled_documents
 
 REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"
-MODEL = "lara-news-minilm"
+MODEL = "lara-text-news"
 OUT = Path(__file__).resolve().parent / "results" / "minilm_long.json"
 
 

@@ -1,4 +1,4 @@
-"""What the pretrained encoder costs: lara-news-minilm against lara-text-news-bytes on the same documents, one run.
+"""What the pretrained encoder costs: lara-text-news against lara-text-news-bytes on the same documents, one run.
 
     python -m benchmarks.pretrained_cost [--lengths 4096,16384,65536] [--repeats 5] [--threads 2]
 
@@ -33,7 +33,7 @@ from lara_serve.server.repository import read_config
 
 REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"
 OUT = Path(__file__).resolve().parent / "results" / "pretrained_cost.json"
-MODELS = ("lara-text-news-bytes", "lara-news-minilm")
+MODELS = ("lara-text-news-bytes", "lara-text-news")
 
 
 def labelled_documents(length: int, n: int, seed: int) -> list[tuple[bytes, int]]:

@@ -71,7 +71,9 @@ def load(url: str, model: str, concurrency: int, doc_bytes: int, requests: int, 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--synthetic", action="store_true", help="ignore model_repository/")
-    parser.add_argument("--model", default="lara-text-news-bytes", help="text model of model_repository/ (else its first)")
+    parser.add_argument(
+        "--model", default="lara-text-news-bytes", help="text model of model_repository/ (else its first)"
+    )
     parser.add_argument("--hidden", type=int, default=256, help="synthetic model's per-token MLP width (0: none)")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--requests", type=int, default=800, help="per measurement")

@@ -43,10 +43,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{args.url} serves {', '.join(models)}")
             article = (HERE / "article.txt").read_text(encoding="utf-8")
             long_document = (HERE / "long-document.txt").read_text(encoding="utf-8")
-            if "lara-text-news-bytes" in models:
-                show("article.txt", client.predict("lara-text-news-bytes", [article])[0])
+            if "lara-text-news" in models:
+                show("article.txt", client.predict("lara-text-news", [article])[0])
                 # head: a document over the model's 65,536 bytes keeps its beginning instead of a 413.
-                show("long-document.txt", client.classify("lara-text-news-bytes", long_document, truncate="head"))
+                show("long-document.txt", client.classify("lara-text-news", long_document, truncate="head"))
                 print(f"  server times (ms): queue {client.last_headers.get('x-queue-time-ms')}, "
                       f"inference {client.last_headers.get('x-inference-time-ms')}")  # fmt: skip
             if "lara-vit-fashion" in models:

@@ -76,7 +76,7 @@ def explain_one(
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="lara-news-minilm")
+    ap.add_argument("--model", default="lara-text-news")
     ap.add_argument("--docs", type=int, default=40)
     ap.add_argument("--kb", type=int, default=10)
     ap.add_argument("--max-passages", type=int, default=16)

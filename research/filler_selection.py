@@ -1,4 +1,4 @@
-"""Issue 53: which `lara-news-minilm` head reads an article inside unrelated text better, judged on filler that no
+"""Issue 53: which `lara-text-news` head reads an article inside unrelated text better, judged on filler that no
 build has trained on and on articles that no build has fitted?
 
     .venv/bin/python -m research.filler_selection MODEL_DIR [MODEL_DIR ...] [--docs 120] [--kb 10 20]

@@ -1,6 +1,6 @@
 """Which hidden states should the head of `lara train`'s frozen encoder read? (Answered: all of them.)
 
-`lara train DATA --init lara-news-minilm` (the default text path) keeps the converted MiniLM frozen and fits a
+`lara train DATA --init lara-text-news` (the default text path) keeps the converted MiniLM frozen and fits a
 logistic regression on each document's features. With the last layer's unit mean alone (the teacher's sentence
 embedding), the encoder alone trailed TF-IDF + logistic regression by 11 points on messages in ~100 languages
 (79.0 vs 90.5%), where the label is in the words. This script reads every document of each set once, the way
@@ -44,7 +44,7 @@ PARTS = ("train", "holdout", "test")
 
 def features(name: str, data: Path, cache: Path, window: int = 0) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """Each part's unit means of every hidden state [N, 7, D] and its labels, read as `lara train` reads them
-    (window > 0: in windows of that many pieces, each its own [CLS] ... [SEP], as lara-news-minilm reads)."""
+    (window > 0: in windows of that many pieces, each its own [CLS] ... [SEP], as lara-text-news reads)."""
     p = argparse.ArgumentParser()
     add_arguments(p)
     argv = [str(data / f"{name}.jsonl"), "--out", str(Path(tempfile.mkdtemp()) / "m"), "--seed", "0"]

@@ -1,7 +1,7 @@
 """What do windows cost `lara train`'s frozen encoder? (Answered: 1.2x on e-mails read to 1,024 pieces, 1.09x to
 4,096: the last window of each text is padded to 512 slots.)
 
-`lara train --init lara-news-minilm` reads each text whole in one attention by default; a run with --max-length
+`lara train --init lara-text-news` reads each text whole in one attention by default; a run with --max-length
 above 16,384 reads in 510-piece windows (what a sliced program cuts). This reads the same 60 e-mails (the user-like
 set of benchmarks.your_data) both ways through the shipped encoder, one text at a time, alternating, on one
 thread, and compares the process CPU seconds.
@@ -23,7 +23,7 @@ import torch
 from lara_serve.model_export.models.hub import load_pretrained
 from lara_serve.model_export.pretrained.teacher import WordPieces, pad_pieces
 
-MODEL = Path(__file__).resolve().parents[1] / "model_repository" / "lara-news-minilm"
+MODEL = Path(__file__).resolve().parents[1] / "model_repository" / "lara-text-news"
 OUT = Path(__file__).resolve().parent / "results" / "frozen_windows_cost.json"
 
 

@@ -1,4 +1,4 @@
-"""Does int8 dynamic quantization bring `lara-news-minilm` within 4x the byte model's cost, and at what accuracy?
+"""Does int8 dynamic quantization bring `lara-text-news` within 4x the byte model's cost, and at what accuracy?
 
     .venv/bin/python -m research.minilm_int8 [--lengths 4096,16384,65536] [--repeats 5] [--threads 1]
 
@@ -46,7 +46,7 @@ from lara_serve.model_export.export.quantize import QuantizeError, fold_float16_
 from lara_serve.server.preprocess import softmax
 
 ROOT = Path(__file__).resolve().parent.parent
-MINILM, BYTES = "lara-news-minilm", "lara-text-news-bytes"
+MINILM, BYTES = "lara-text-news", "lara-text-news-bytes"
 SHIPPED = REPOSITORY / MINILM / "1" / "model.onnx"
 WORK = ROOT / "runs" / "minilm_int8"
 RESULTS = ROOT / "research" / "results" / "minilm_int8.json"

@@ -1,4 +1,4 @@
-"""Which encoder projections can be int8 without moving `lara-news-minilm`'s answers? (issue 53)
+"""Which encoder projections can be int8 without moving `lara-text-news`'s answers? (issue 53)
 
     .venv/bin/python -m research.minilm_int8_layers --float runs/int8-study/float.onnx [--threads 1]
 

@@ -1,4 +1,4 @@
-"""Does `lara-news-minilm`'s ood_score flag logs, JSON dumps, base64, chat logs and the suite's non-text, and
+"""Does `lara-text-news`'s ood_score flag logs, JSON dumps, base64, chat logs and the suite's non-text, and
 keep wrapped articles in distribution? (issue 53: AUROC >= 0.95 between wrapped articles and non-news; "a",
 random bytes and logs flagged)
 
@@ -34,7 +34,7 @@ from lara_serve.server.preprocess import IDS, text_item
 from lara_serve.server.repository import read_config
 
 ROOT = Path(__file__).resolve().parent.parent
-MODEL = ROOT / "model_repository" / "lara-news-minilm"
+MODEL = ROOT / "model_repository" / "lara-text-news"
 RESULTS = ROOT / "research" / "results" / "minilm_ood_probe.json"
 LONG_FORMS = ("web_page", "email", "json_record", "markdown", "with_table")
 WORDS = [
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--n", type=int, default=40, help="items per set")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--model", type=Path, default=MODEL, help="a lara-news-minilm model folder")
+    p.add_argument("--model", type=Path, default=MODEL, help="a lara-text-news model folder")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     model_dir = args.model

@@ -1,4 +1,4 @@
-"""Would a temperature that weighs other sources as much as BBC calibrate `lara-news-minilm` better off BBC?
+"""Would a temperature that weighs other sources as much as BBC calibrate `lara-text-news` better off BBC?
 (issue 53, item 3: "calibrate against shifted data too"; the new-source target is ECE <= 5% pooled)
 
     .venv/bin/python -m research.minilm_shift_temperature [--threads 1]

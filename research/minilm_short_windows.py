@@ -1,4 +1,4 @@
-"""Issue 53: what did a short text cost `lara-news-minilm` when its windowed graph padded it to a whole window?
+"""Issue 53: what did a short text cost `lara-text-news` when its windowed graph padded it to a whole window?
 
 The served graph reads a document in windows of 510 pieces (`bert_lara.window_layout`). Until 2026-12-05 a batch
 shorter than one window was padded to a whole one, so a 12-piece headline cost what 510 pieces cost; since, a

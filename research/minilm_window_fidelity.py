@@ -1,6 +1,6 @@
 """Issue 53: should `lara train`'s frozen encoder read a long document whole or in 510-piece windows?
 
-`lara train --init lara-news-minilm` fits its head on each document's mean embedding. Read whole in one LARA
+`lara train --init lara-text-news` fits its head on each document's mean embedding. Read whole in one LARA
 pass, the student agrees with the teacher (read in 512-piece windows, the mean of their embeddings) at cosine
 0.878 at 2,048 pieces and 0.853 at 8,192 (docs/pretrained-encoder.md); its conversion was trained on 256-512-piece
 windows only. This measures the other reading the served model already has (config `window`: each 510 pieces
@@ -24,7 +24,7 @@ from lara_serve.model_export.models.hub import load_pretrained
 from lara_serve.model_export.pretrained.fidelity import heldout_pieces, teacher_reference
 from lara_serve.model_export.pretrained.teacher import load_teacher, pad_pieces
 
-MODEL = Path("model_repository/lara-news-minilm")
+MODEL = Path("model_repository/lara-text-news")
 OUT = Path(__file__).parent / "results" / "minilm_window_fidelity.json"
 LENGTHS = (512, 2048, 8192)
 WINDOW = 510

@@ -1,6 +1,6 @@
 """Issue 53: would the outlier probe, asked about each 510-piece window, keep English non-news prose out of the pool?
 
-The served `lara-news-minilm` reads a long text in windows and pools all windows' pieces with one learned
+The served `lara-text-news` reads a long text in windows and pools all windows' pieces with one learned
 score per piece. Documentation prose around an article still pulls it (robustness suite, 20 KB: 70-75% right).
 The serving head's outlier probe (models.ood.OutlierProbe) already tells English non-news prose from news on a
 document's mean vector. Here it is asked about each window's mean instead, and every piece of window j gets
@@ -37,7 +37,7 @@ from lara_serve.model_export.pretrained.teacher import WordPieces
 from lara_serve.model_export.pretrained.topic_sources import topic_items
 from lara_serve.model_export.training.data import load_news
 
-MODEL = Path("model_repository/lara-news-minilm")
+MODEL = Path("model_repository/lara-text-news")
 OUT = Path(__file__).parent / "results" / "minilm_window_gate.json"
 
 

@@ -1,6 +1,6 @@
 """Issue 53: does reading a long document in windows keep filler out of the article's vectors?
 
-The attention-pool head of `runs/minilm-attn/lara-news-minilm` (built by `python -m
+The attention-pool head of `runs/minilm-attn/lara-text-news` (built by `python -m
 lara_serve.model_export.pretrained.classifier ... --readout attention`) on 60 holdout articles with 0 / 10 / 20 KB
 of the trainer's filler before or after them; each 510-piece window is read ALONE by the encoder, then one pool
 over all pieces. Read whole, the same head gets 41.7 / 26.7% at 10 / 20 KB (config.json of that build).
@@ -22,7 +22,7 @@ from lara_serve.model_export.pretrained.teacher import WordPieces, pad_pieces
 from lara_serve.model_export.training.augment import FillerBank, insert_filler
 from lara_serve.model_export.training.data import load_news
 
-MODEL = Path("runs/minilm-attn/lara-news-minilm")
+MODEL = Path("runs/minilm-attn/lara-text-news")
 OUT = Path(__file__).parent / "results" / "minilm_windows.json"
 WINDOW = 510  # pieces per window; [CLS] and [SEP] make the teacher's 512
 

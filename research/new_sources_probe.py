@@ -6,12 +6,12 @@
 Only two of the five topics have another source installed here, so this is a partial proxy, not the outside
 check's pooled figure:
 - tech: Debian package descriptions (/var/lib/dpkg/status, the long description of each installed package);
-- tech: Python packages' descriptions (their METADATA bodies). `lara-news-minilm`'s trainer cut filler from
+- tech: Python packages' descriptions (their METADATA bodies). `lara-text-news`'s trainer cut filler from
   these, and since `--topic-sources` its head trains on them as tech: only the packages on the holdout side
   of the build's rule (`python_descriptions_holdout`) are unseen text there;
 - politics: the latest 16 State of the Union addresses (never trained on: `topic_sources.LATEST_KEPT_OUT`;
   the robustness suite reads the latest 8) read whole, and 2 KB excerpts of them (five per address, seeded).
-Each set through `lara-news-minilm` (int8, each row alone as the server runs it), `lara-text-news-bytes` and the
+Each set through `lara-text-news` (int8, each row alone as the server runs it), `lara-text-news-bytes` and the
 TF-IDF anchor fitted on the BBC train split. Accuracy with a Wilson interval, mean top probability, ECE, and
 what the wrong answers were. Writes research/results/new_sources_probe.json.
 """
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--n", type=int, default=200, help="items per set at most")
     p.add_argument("--sotu", type=int, default=16, help="latest State of the Union addresses")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--model", default="lara-news-minilm", help="a word-piece model folder under model_repository/")
+    p.add_argument("--model", default="lara-text-news", help="a word-piece model folder under model_repository/")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     speeches, excerpts = sotu_sets(args.sotu)
@@ -109,14 +109,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name, (texts, label) in sets.items():
         raws = [t.encode("utf-8") for t in texts]
         rows = {
-            "lara-news-minilm": minilm(raws),  # an int8 graph: one row per call (OnnxText), as the server runs it
+            "lara-text-news": minilm(raws),  # an int8 graph: one row per call (OnnxText), as the server runs it
             "lara-text-news-bytes": byte_model(raws),
             "tfidf-logreg": anchor(raws, byte_model.max_length),
         }
         result["sets"][name] = {"n": len(raws), "label": NEWS_LABELS[label],
                                 **{m: figures(o, label) for m, o in rows.items()}}  # fmt: skip
         for model, o in rows.items():
-            thr = minilm.threshold if model == "lara-news-minilm" else byte_model.threshold
+            thr = minilm.threshold if model == "lara-text-news" else byte_model.threshold
             if o.ood is not None and thr is not None:
                 result["sets"][name][model]["in_distribution"] = round(float((o.ood <= thr).mean()), 4)
         print(name, {m: result["sets"][name][m]["accuracy"]["value"] for m in rows}, flush=True)

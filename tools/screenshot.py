@@ -1,6 +1,6 @@
 """Regenerate docs/ui.png from a live server, and docs/ui.json with the model-card figures it shows.
 
-    .venv/bin/python -m tools.screenshot [--out docs] [--model lara-text-news-bytes]
+    .venv/bin/python -m tools.screenshot [--out docs] [--model lara-text-news]
 
 Starts `python -m lara_serve.server` on a free 127.0.0.1 port with the shipped models, sends a few documents of other
 lengths through the API (so the page's latency chart has bars), opens /ui in Debian's headless Chromium
@@ -81,7 +81,7 @@ def capture(url: str, model: str, out: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=ROOT / "docs", help="folder for ui.png and ui.json")
-    p.add_argument("--model", default="lara-text-news-bytes", help="the text model whose page is shown")
+    p.add_argument("--model", default="lara-text-news", help="the text model whose page is shown")
     args = p.parse_args(argv)
     if not Path(CHROMIUM).exists():
         print(f"error: no Chromium at {CHROMIUM}; install Debian's chromium (make debs, as root)", file=sys.stderr)

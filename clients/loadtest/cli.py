@@ -47,7 +47,7 @@ from lara_serve.clients.loadtest.writers import format_table, write_csv, write_j
 DEFAULT_URL = "http://127.0.0.1:8000"
 DEFAULT_LENGTHS = [1024, 4096]
 EXAMPLE = (
-    "python -m lara_serve.clients loadtest --model lara-text-news-bytes --lengths 1K,4K,16K --concurrency 1,8 --out results/"
+    "python -m lara_serve.clients loadtest --model lara-text-news --lengths 1K,4K,16K --concurrency 1,8 --out results/"
 )
 
 

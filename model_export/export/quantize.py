@@ -10,7 +10,7 @@ in the file, so never behind a Cast). research/minilm_int8.py measured why per c
 per tensor, and the BBC test split unchanged whole (100% agreement) where per tensor lost 1.2 points.
 
 A model with a serving head also needs its temperature and ood threshold refitted on what the int8 graph
-computes: `lara_serve.model_export.pretrained.int8` does that for lara-news-minilm.
+computes: `lara_serve.model_export.pretrained.int8` does that for lara-text-news.
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
-"""A windowed word-piece model (`lara-news-minilm`, `lara train`'s frozen-encoder models) as a sliced program:
+"""A windowed word-piece model (`lara-text-news`, `lara train`'s frozen-encoder models) as a sliced program:
 documents past its whole graph's length read in groups of windows, in memory that does not grow with them.
 
-    python -m lara_serve.model_export.export.sliced_windows --model model_repository/lara-news-minilm
+    python -m lara_serve.model_export.export.sliced_windows --model model_repository/lara-text-news
 
 Why: the model reads its text in windows of W pieces, each its own [CLS] + pieces + [SEP], and pools every
 window's vectors with one softmax over all of them (bert_lara.AttentionPool, gated per window by WindowGate) or
 with means (readout "layers"). Nothing but those sums, the ood score's mean and the wide path's gram counts
 crosses a window's edge, so a document of any length is a sequence of independent window groups plus a few
 running sums. The whole graph holds every piece's activations at once (its onnxruntime arena: 564 MiB after one
-64 KB document for lara-news-minilm); here one group's temporaries and the sums are all there is, and the
+64 KB document for lara-text-news); here one group's temporaries and the sums are all there is, and the
 document's length is bounded by time, not memory (1 MiB of English, about 220 K pieces: 420 MiB at the peak).
 
 The program (lara_serve.sliced_program's format, run by the server's onnxruntime backend) has two passes:
@@ -22,7 +22,7 @@ The program (lara_serve.sliced_program's format, run by the server's onnxruntime
    temperature, the ood score and its outlier probe, exactly as the serving model computes them.
 The manifest's `long_from` tells the server to run documents longer than the whole graph's `max_length` on it.
 
-The windows graph is exported with the whole graph's float16 storage and, for an int8 model (lara-news-minilm;
+The windows graph is exported with the whole graph's float16 storage and, for an int8 model (lara-text-news;
 `lara train`'s are float), then given the whole graph's int8 weights (export.quantize, the query and key projections float: FLOAT_PROJECTIONS), so both
 paths compute with the same numbers; the float program's parity with the torch serving model is checked first
 (exactness of the slicing), then the int8 program's agreement with the float one (the quantization's cost).

@@ -158,10 +158,10 @@ class BertTextConfig:
     cls_id: int = 101  # the tokenizer's [CLS] and [SEP]: what each window is wrapped in
     sep_id: int = 102
     # > 0: a wide path beside the encoder, a linear head over the document's hashed word-piece 1-2-gram tf-idf
-    # (bert_lara.PieceTfidfHead, `lara train --init` fits it); 0: none (the shipped lara-news-minilm)
+    # (bert_lara.PieceTfidfHead, `lara train --init` fits it); 0: none (the shipped lara-text-news)
     tfidf_buckets: int = 0
     # > 0: a text of fewer word pieces is not a document and its ood_score is SHORT_TEXT_SCORE (models/ood.py;
-    # 2 for lara-news-minilm, where "a" passed as news); 0: every text scored by its features (a user's labels
+    # 2 for lara-text-news, where "a" passed as news); 0: every text scored by its features (a user's labels
     # may be one word long)
     min_pieces: int = 0
     attention: AttentionConfig = field(

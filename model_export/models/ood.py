@@ -16,7 +16,7 @@ from torch import Tensor, nn
 SERVING_KEYS = ("serving.temperature", "serving.ood_means", "serving.ood_whiten")
 PROBE_KEYS = ("serving.probe_weight", "serving.probe_bias", "serving.probe_scales")
 # A word-piece model with cfg.min_pieces > 0: a text of fewer pieces ("a", "The") is not a document; its pooled
-# vector is one embedding, which may sit anywhere (measured: "a" scored 445 against the int8 lara-news-minilm
+# vector is one embedding, which may sit anywhere (measured: "a" scored 445 against the int8 lara-text-news
 # threshold of 527, while "Shares rose." scored 581). Its ood_score is SHORT_TEXT_SCORE, beyond any threshold,
 # as the byte models' input score does for a text of fewer than two bytes (models/ood_input.py).
 SHORT_TEXT_SCORE = 1e6

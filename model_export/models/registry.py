@@ -65,7 +65,7 @@ _MODELS: dict[str, tuple[ModelConfig, list[str], str]] = {
     # Brown corpus genres, 12-15 KB documents served whole: the news architecture, more dropout, 4 classes.
     "lara-text-genre": (dataclasses.replace(_NEWS, dropout=0.2, num_classes=4), GENRE_LABELS, "brown"),
     # all-MiniLM-L6-v2 converted to LARA in every layer (model_export/pretrained), a linear head on its embedding
-    "lara-news-minilm": (BertTextConfig(), NEWS_LABELS, "news"),
+    "lara-text-news": (BertTextConfig(), NEWS_LABELS, "news"),
     # Tiny configurations for tests and smoke runs.
     "tiny-vit": (
         dataclasses.replace(

@@ -1,7 +1,7 @@
-"""The served classifier on the converted encoder (issue 53, item 2): `lara-news-minilm`.
+"""The served classifier on the converted encoder (issue 53, item 2): `lara-text-news`.
 
     python -m lara_serve.model_export.pretrained.classifier --student runs/pretrained-lara-c64-cpu \
-        --out model_repository/lara-news-minilm
+        --out model_repository/lara-text-news
 
 What it builds, from a transfer run folder (`transfer.py`) and the BBC News train split (never its test split):
 1. the student with its adapters folded in and every large weight rounded to float16 (the shipped files hold
@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="a transfer run folder (student.json, converted.safetensors), or a model directory built by this "
         "module (its encoder is reused: a new head without the run folder)",
     )
-    p.add_argument("--out", type=Path, default=Path("model_repository/lara-news-minilm"))
+    p.add_argument("--out", type=Path, default=Path("model_repository/lara-text-news"))
     p.add_argument("--max-length", type=int, default=65536, help="word pieces served, [CLS] and [SEP] included")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--limit", type=int, default=0, help="documents per split (smoke runs; 0: all)")

@@ -1,6 +1,6 @@
-"""Serve `lara-news-minilm` with int8 encoder weights, its temperature and ood threshold refitted on them.
+"""Serve `lara-text-news` with int8 encoder weights, its temperature and ood threshold refitted on them.
 
-    python -m lara_serve.model_export.pretrained.int8 [--model model_repository/lara-news-minilm] [--threads 1]
+    python -m lara_serve.model_export.pretrained.int8 [--model model_repository/lara-text-news] [--threads 1]
 
 Issue 53's cost target (64 KB at most 4x `lara-text-news-bytes`) is met by int8 weights (research/minilm_int8.py:
 2.6x against 5.3-6.2x for the float graph, the BBC test split unchanged whole). Steps, all from the artifact's
@@ -52,7 +52,7 @@ from lara_serve.model_export.pretrained.teacher import WordPieces
 from lara_serve.model_export.pretrained.topic_sources import topic_items
 from lara_serve.model_export.training.data import load_news
 
-MODEL = Path(__file__).resolve().parents[2] / "model_repository" / "lara-news-minilm"
+MODEL = Path(__file__).resolve().parents[2] / "model_repository" / "lara-text-news"
 ONNX_FILE = "model.onnx"
 TEMPERATURE = "temperature"  # the serving head's initializer: logits = linear / temperature
 # The share of the temperature fit's say that the holdout's other-source items get (issue 53: calibrate against
@@ -230,7 +230,7 @@ def refresh_sliced_program(model_dir: Path) -> bool:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", type=Path, default=MODEL, help="a lara-news-minilm model dir (rewritten in place)")
+    p.add_argument("--model", type=Path, default=MODEL, help="a lara-text-news model dir (rewritten in place)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--limit", type=int, default=0, help="documents per split (smoke runs; 0: all)")
     args = p.parse_args(argv)

@@ -1,4 +1,4 @@
-"""English prose that is not news, flagged: an outlier probe beside `lara-news-minilm`'s Mahalanobis ood_score.
+"""English prose that is not news, flagged: an outlier probe beside `lara-text-news`'s Mahalanobis ood_score.
 
     python -m lara_serve.model_export.pretrained.outlier_probe [--model DIR] [--cache DIR] [--write] [--threads 1]
 
@@ -58,7 +58,7 @@ from lara_serve.model_export.pretrained.teacher import WordPieces
 from lara_serve.model_export.pretrained.topic_sources import topic_items
 from lara_serve.model_export.training.data import DataUnavailable, load_news
 
-MODEL = Path(__file__).resolve().parents[2] / "model_repository" / "lara-news-minilm"
+MODEL = Path(__file__).resolve().parents[2] / "model_repository" / "lara-text-news"
 CACHE = Path(__file__).resolve().parents[2] / "runs" / "minilm-cache" / "min_chunk4"
 C_GRID = (0.1, 0.3, 1.0, 3.0, 10.0)
 EXCERPT_BYTES = (200, 8192)  # log-uniform: headline-sized to several windows, as the in-distribution forms are
@@ -210,7 +210,7 @@ def run(model_dir: Path, cache: Path | None, write: bool, threads: int, seed: in
     torch.set_num_threads(threads)
     serving = load_pretrained(model_dir, serving=True)
     if not isinstance(serving, ServingModel) or serving.input_score is not None:
-        raise SystemExit(f"{model_dir}: needs a word-piece model with a serving head (a lara-news-minilm build)")
+        raise SystemExit(f"{model_dir}: needs a word-piece model with a serving head (a lara-text-news build)")
     classifier = serving.model
     max_length = int(load_config(model_dir)["preprocessing"]["max_length"])
     tok = WordPieces.from_dir(model_dir)
@@ -267,7 +267,7 @@ def attach(model_dir: Path, serving: ServingModel, chosen: dict[str, Any], repor
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", type=Path, default=MODEL, help="a lara-news-minilm model dir (rewritten with --write)")
+    p.add_argument("--model", type=Path, default=MODEL, help="a lara-text-news model dir (rewritten with --write)")
     p.add_argument("--cache", type=Path, default=CACHE, help="the build's token cache (read if it holds the items)")
     p.add_argument("--write", action="store_true", help="put the chosen probe into the model (else: report only)")
     p.add_argument("--threads", type=int, default=1)

@@ -1,4 +1,4 @@
-"""Give `lara-news-minilm`'s attention pool a window probe: which 510-piece windows carry the article
+"""Give `lara-text-news`'s attention pool a window probe: which 510-piece windows carry the article
 (bert_lara.WindowGate).
 
     python -m lara_serve.model_export.pretrained.window_gate [--model DIR] [--strength 8] [--threads 1]
@@ -53,7 +53,7 @@ from lara_serve.model_export.pretrained.teacher import WordPieces
 from lara_serve.model_export.pretrained.wrappers import wrapped
 from lara_serve.model_export.training.data import load_news
 
-MODEL = Path(__file__).resolve().parents[2] / "model_repository" / "lara-news-minilm"
+MODEL = Path(__file__).resolve().parents[2] / "model_repository" / "lara-text-news"
 STRENGTH = 8.0
 PROBE_C = 1.0
 ARTICLES, WRAPPED = 700, 400  # fit-side articles read whole, and others read in a long form
@@ -154,7 +154,7 @@ def install(model_dir: Path = MODEL, strength: float = STRENGTH, threads: int = 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", type=Path, default=MODEL, help="a lara-news-minilm model dir (rewritten in place)")
+    p.add_argument("--model", type=Path, default=MODEL, help="a lara-text-news model dir (rewritten in place)")
     p.add_argument("--strength", type=float, default=STRENGTH)
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)

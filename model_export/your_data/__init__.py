@@ -2,7 +2,7 @@
 CSV, TSV and label folders; `command` runs the whole thing (data, split and model `prepare`, wide path `wide`,
 training loop `fit` (over-budget text batches in `pieces`), time budget `budget`, recipe `recipe`, data
 parallelism `dist`, plain baseline `baseline`, model folder
-`artifact`, report `report`; a word-piece --init such as lara-news-minilm kept frozen under a fitted head,
+`artifact`, report `report`; a word-piece --init such as lara-text-news kept frozen under a fitted head,
 `pretrained_init`); `samples` and `sample_data` write user-like and shipped data sets in its input
 forms.
 

@@ -15,9 +15,9 @@ DEFAULT_INIT = {"text": "lara-text-news-bytes", "image": "none"}  # what trains 
 # The default text encoder: the converted all-MiniLM-L6-v2, kept frozen, with the wide path beside it
 # (your_data.pretrained_init). Measured on the user-like sets (docs/train-your-data.md): 2.8-8.3 points above
 # the byte encoder's served accuracy on three, 0.4 under on e-mails, in less CPU time and memory.
-DEFAULT_TEXT_ENCODER = "lara-news-minilm"
+DEFAULT_TEXT_ENCODER = "lara-text-news"
 # The options of the byte encoder's training that mean nothing for a frozen encoder (pretrained_init refuses
-# them with --init lara-news-minilm), and why; given without --init they ask for the byte encoder.
+# them with --init lara-text-news), and why; given without --init they ask for the byte encoder.
 NOT_FOR_FROZEN = {
     "epochs": "the encoder is not trained: there are no epochs (--time-budget bounds the run)",
     "lr": "the encoder is not trained (the head is a logistic regression)",
@@ -41,8 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--test-fraction", type=float, default=0.2)
     p.add_argument("--holdout-fraction", type=float, default=0.1, help="of train: per-epoch validation, calibration")
     p.add_argument("--init", default=None, help="none | a shipped model NAME | a model DIR (default: text "
-                   "lara-news-minilm, or lara-text-news-bytes when an option of the byte encoder's training is given; "
-                   "images none); a word-piece model (lara-news-minilm) is kept frozen and a head and the wide path "
+                   "lara-text-news, or lara-text-news-bytes when an option of the byte encoder's training is given; "
+                   "images none); a word-piece model (lara-text-news) is kept frozen and a head and the wide path "
                    "are fitted on it; otherwise tensors whose name and shape fit are copied, the head is new")  # fmt: skip
     p.add_argument("--arch", default=None, help="registered architecture (default: that of --init, else "
                    "lara-text-news-bytes / lara-vit-fashion)")  # fmt: skip

@@ -1,6 +1,6 @@
-"""`lara train DATA --out DIR --init lara-news-minilm`: a pretrained word-piece encoder kept frozen, a head on it.
+"""`lara train DATA --out DIR --init lara-text-news`: a pretrained word-piece encoder kept frozen, a head on it.
 
-The byte encoder of `lara train` is trained; a converted pretrained encoder (`lara-news-minilm`: all-MiniLM-L6-v2
+The byte encoder of `lara train` is trained; a converted pretrained encoder (`lara-text-news`: all-MiniLM-L6-v2
 read through LARA in every layer, lara_serve.model_export.pretrained) already reads English, so it stays frozen.
 Every training, holdout and test document is read once, whole (its first max_length word pieces: the served
 model reads a longer one the same way, config.json preprocessing.truncate = "head"), to the unit-length means of
@@ -9,10 +9,10 @@ above the --init model's own (16,384) reads in windows of the encoder's 510 lear
 [CLS] ... [SEP]), keeps the whole graph at 16,384 and exports a sliced program for longer documents
 (Frozen.after_export, export.sliced_windows). A
 logistic-regression head is fitted on them, its C chosen by holdout log-loss (pretrained.classifier.fit_head,
-over LAYERS_C_GRID); the ood score reads the last layer's mean, as `lara-news-minilm`'s does; the temperature and
+over LAYERS_C_GRID); the ood score reads the last layer's mean, as `lara-text-news`'s does; the temperature and
 the ood score are those of
 every `lara train` run (artifact.finish -> head.finalize), the ood fit on the bounded sample of budget.ood_sample.
-The folder is a word-piece model as `lara-news-minilm` is: preprocessing kind "wordpiece", the --init model's
+The folder is a word-piece model as `lara-text-news` is: preprocessing kind "wordpiece", the --init model's
 tokenizer.json, float16 storage (pretrained.classifier.save_half), the ONNX export with its parity check.
 
 The wide path is the byte model's (Wide & Deep: a tf-idf logistic regression, min_df and C by cross-validation,
@@ -63,10 +63,10 @@ BATCH_PIECES = 4096  # padded pieces per encoder batch (documents sorted by leng
 FIT_LENGTHS = (8192, 4096, 2048, 1024, 512)
 PROBE_PIECES, PROBE_DOCS = 4096, 32  # the probe embeds a seeded few training documents, this many at most
 # CPU seconds of the phases that do not grow with the data, measured on one core of the shared machine and
-# rounded up: the export of lara-news-minilm's 22 M parameters with its parity run up to 16,384 pieces (32 s).
+# rounded up: the export of lara-text-news's 22 M parameters with its parity run up to 16,384 pieces (32 s).
 EXPORT_S = 45.0
 # The sliced program of a run reading past the whole graph (--max-length above 16,384): its export and its parity
-# against torch at five lengths up to 3 slices, 50 s for lara-news-minilm's on one core of the shared machine.
+# against torch at five lengths up to 3 slices, 50 s for lara-text-news's on one core of the shared machine.
 PROGRAM_EXPORT_S = 60.0
 # The head's fit: seven logistic regressions (LAYERS_C_GRID) on [N, 7 x 384] layer means, and the report's scoring
 # of the wide path, per training document and class (at least 2): the fit alone measured 3.0 s for 1,440 subject

@@ -13,7 +13,7 @@ from benchmarks.long_serving import _repo_at
 from tests.digests import sha256
 
 ROOT = Path(__file__).resolve().parents[2]
-BEFORE_OOD = "c2e11b4"  # the last commit whose lara-text-news-bytes had one output
+BEFORE_OOD = "c2e11b4"  # the last commit whose byte news model (then lara-text-news) had one output
 
 
 def test_before_repo_pairs_the_old_graph_with_its_own_config(tmp_path: Path) -> None:
@@ -28,7 +28,7 @@ def test_before_repo_pairs_the_old_graph_with_its_own_config(tmp_path: Path) -> 
     assert [o["name"] for o in old_config["outputs"]] == ["logits"]
     assert [o["name"] for o in today["outputs"]] == ["logits", "ood_score"]
     shipped = subprocess.run(
-        ["git", "show", f"{BEFORE_OOD}:model_repository/lara-text-news-bytes/1/model.onnx"], cwd=ROOT, capture_output=True
+        ["git", "show", f"{BEFORE_OOD}:model_repository/lara-text-news/1/model.onnx"], cwd=ROOT, capture_output=True
     ).stdout
     assert sha256(model / "1" / "model.onnx") == sha256(shipped)
     assert (model / "1" / "model.onnx").read_bytes() != (

@@ -63,10 +63,18 @@ class Example:
 
 
 def _session(model_dir: Path, config: dict[str, Any]) -> Any:
+    """model.onnx with the fused LaraAttention kernel, as the image runs it. Not the ONNX function body: on
+    the int8 lara-text-news the two differ by a median of 3e-4 in probability but up to 0.2 (per-tensor
+    dynamic activation quantization amplifies the kernels' float rounding), over the 1e-2 compared here."""
     import onnxruntime as ort
 
+    from lara_serve.kernels import ort_library
+
+    options = ort.SessionOptions()
+    if not ort_library.register(options):
+        need(f"the fused LaraAttention kernel is not built here: {ort_library.unavailable_reason()}")
     path = model_dir / config["version"] / "model.onnx"
-    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
 def _text_probabilities(session: Any, config: dict[str, Any], text: bytes) -> np.ndarray:
@@ -130,13 +138,6 @@ def _candidates(task: str, labels: list[str], dataset: str) -> dict[str, list[tu
     return out
 
 
-def left_out_of_image() -> set[str]:
-    """Models that .dockerignore keeps out of the image (a `model_repository/<name>/` line)."""
-    lines = (ROOT / ".dockerignore").read_text().splitlines()
-    return {line.strip().split("/")[1] for line in lines if line.strip().startswith("model_repository/") and
-            line.strip().endswith("/") and line.strip().count("/") == 2}  # fmt: skip
-
-
 def clear_examples(per_class: int = 1, repository: Path = REPOSITORY, skip: set[str] | None = None) -> list[Example]:
     """`per_class` clear examples of every class of every model in the repository (less `skip`)."""
     examples = []
@@ -161,5 +162,7 @@ def clear_examples(per_class: int = 1, repository: Path = REPOSITORY, skip: set[
                 f"examples get p >= {MIN_PROBABILITY} from model.onnx; is the model broken?"
             )
             examples.extend(found)
-    assert {e.model for e in examples} >= {"lara-text-news-bytes", "lara-vit-fashion"}, "shipped models missing"
+    assert {e.model for e in examples} >= {"lara-text-news", "lara-vit-fashion"} - (skip or set()), (
+        "shipped models missing"
+    )
     return examples

@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 from deploy_helpers import ROOT, deployment_container, k8s_objects, kserve_container
 
+from benchmarks.memory_one_mib import image_models
+
 MEASURED = json.loads((ROOT / "benchmarks" / "results" / "memory_one_mib.json").read_text())
 UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
 HEADROOM = 1.10
@@ -29,6 +31,10 @@ def test_memory_limit_holds_one_max_length_document(which: str) -> None:
     container = deployment_container() if which == "k8s" else kserve_container()
     server = MEASURED["variants"]["server"]
     assert MEASURED["bytes"] == 1 << 20  # the shipped text models' max_length
+    # measured with the models the image serves, each text model given the 1 MiB document
+    assert server["models"] == list(image_models())
+    texts = [name for name, config in image_models().items() if config["task"] == "text"]
+    assert sorted(server["per_model"]) == sorted(texts) and "lara-text-news" in texts
     # The peak was measured with every text model's arena already at its largest (a 64K-token batch each).
     assert server["rss_arenas_mib"] > server["rss_idle_mib"] + 500
     limit = mib(container["resources"]["limits"]["memory"])

@@ -29,16 +29,16 @@ def test_example_files_are_what_the_readme_says() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-@pytest.mark.skipif(not (REPO / "lara-text-news-bytes").is_dir(), reason="no shipped models in model_repository/")
+@pytest.mark.skipif(not (REPO / "lara-text-news").is_dir(), reason="no shipped models in model_repository/")
 def test_quickstart_against_a_live_server() -> None:
-    env = {"LARA_MODELS": "lara-text-news-bytes,lara-vit-fashion", "LARA_NUM_THREADS": "1"}
+    env = {"LARA_MODELS": "lara-text-news,lara-vit-fashion", "LARA_NUM_THREADS": "1"}
     with server_process(["--log-level", "warning"], env=env, timeout_s=120) as url:
         done = subprocess.run(
             [sys.executable, str(EXAMPLES / "quickstart.py"), url], capture_output=True, text=True, timeout=180, cwd="/"
         )  # fmt: skip  (cwd: the script must not rely on it)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0].startswith(f"{url} serves lara-text-news-bytes, lara-vit-fashion")
+    assert lines[0].startswith(f"{url} serves lara-text-news, lara-vit-fashion")
     assert any(line.startswith("article.txt: business") for line in lines)
     assert any(line.startswith("long-document.txt: business") for line in lines)
     assert any(line.startswith("ankle-boot.png: Ankle boot") for line in lines)

@@ -30,7 +30,7 @@ TINY = BertTextConfig(
 TINY_POOL = dataclasses.replace(TINY, readout="attention")
 TINY_WIN = dataclasses.replace(TINY_POOL, window=14, cls_id=2, sep_id=3)  # windows of [CLS] + 14 + [SEP]
 TINY_WIDE = dataclasses.replace(TINY_WIN, tfidf_buckets=64)  # with a word-piece wide path (lara train --init)
-# landmarks of 4 tokens at least (lara-news-minilm's rule since 2026-12-05): every text here is under 8 x 4 pieces
+# landmarks of 4 tokens at least (lara-text-news's rule since 2026-12-05): every text here is under 8 x 4 pieces
 TINY_MC = dataclasses.replace(TINY_WIN, attention=dataclasses.replace(TINY.attention, min_chunk=4))
 TINY_LAYERS = dataclasses.replace(TINY, readout="layers", tfidf_buckets=64)  # lara train --init's frozen readout
 TINY_GATE = dataclasses.replace(TINY_MC, window_gate=4.0)  # windows, pool, and the probe's gate on each window

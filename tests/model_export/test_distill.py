@@ -98,7 +98,16 @@ def test_length_mix_yields_teacher_targets_for_its_windows() -> None:
 
 def test_train_with_distill_records_the_teacher(tmp_path: Path) -> None:
     out = tmp_path / "m"
-    argv = ["--model", "lara-text-news-bytes", "--length-mix", '{"head_prob": 0.5}', "--distill", "0.5", "--limit", "60"]
+    argv = [
+        "--model",
+        "lara-text-news-bytes",
+        "--length-mix",
+        '{"head_prob": 0.5}',
+        "--distill",
+        "0.5",
+        "--limit",
+        "60",
+    ]
     argv += ["--max-steps", "2", "--epochs", "1", "--eval-limit", "10", "--no-test", "--threads", "1"]
     train.main([*argv, "--out", str(out), "--run-dir", str(tmp_path / "ckpt")])
     conf = json.loads((out / "config.json").read_text())

@@ -35,5 +35,5 @@ def test_refuses_to_work_inside_the_model_repository() -> None:
     from benchmarks.pretrained_cost import REPOSITORY
 
     with pytest.raises(SystemExit, match="model_repository"):
-        main(["--work", str(REPOSITORY / "lara-news-minilm" / "int8")])
-    assert not (REPOSITORY / "lara-news-minilm" / "int8").exists()
+        main(["--work", str(REPOSITORY / "lara-text-news" / "int8")])
+    assert not (REPOSITORY / "lara-text-news" / "int8").exists()

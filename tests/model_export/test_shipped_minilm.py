@@ -1,4 +1,4 @@
-"""The shipped `lara-news-minilm`: its files (under 50 MB each; float16 weights that load to float32, an int8
+"""The shipped `lara-text-news`: its files (under 50 MB each; float16 weights that load to float32, an int8
 served graph), its graph (one LaraAttention node per layer, the 36 encoder projections int8), the int8 graph
 against the float weights, the server's word pieces equal to the teacher's tokenizer, and its accuracy on a
 fixed slice of the BBC test split through onnxruntime, as the server runs it."""
@@ -17,7 +17,7 @@ from lara_serve.model_export.export.exporter import make_session
 from lara_serve.server.preprocess import IDS, text_item
 from lara_serve.server.repository import TextPreprocessing, read_config
 
-MODEL = Path(__file__).resolve().parents[2] / "model_repository" / "lara-news-minilm"
+MODEL = Path(__file__).resolve().parents[2] / "model_repository" / "lara-text-news"
 MB = 2**20
 
 

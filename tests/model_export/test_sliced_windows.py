@@ -29,7 +29,7 @@ WINDOWS = 2  # windows per slice: a slice is 2 x 14 pieces, so short documents c
 
 
 def serving(cfg=TINY_GATE, probe: bool = True, max_length: int = 40) -> ServingModel:  # noqa: ANN001
-    """A serving head as lara-news-minilm's: Mahalanobis score and, with `probe`, an outlier probe (which computes
+    """A serving head as lara-text-news's: Mahalanobis score and, with `probe`, an outlier probe (which computes
     in float32 whatever its input: the float64 tests leave it out, the onnxruntime test has it)."""
     model = tiny_model(cfg=dataclasses.replace(cfg, max_length=max_length))
     g = torch.Generator().manual_seed(1)

@@ -136,7 +136,16 @@ def test_wide_path_round_trips_through_save_export_and_load(tmp_path: Path) -> N
 
 def test_training_fits_idf_on_the_training_documents(tmp_path: Path) -> None:
     out = tmp_path / "m"
-    argv = ["--model", "lara-text-news-bytes", "--length-mix", '{"head_prob": 0.5}', "--limit", "20", "--max-steps", "1"]
+    argv = [
+        "--model",
+        "lara-text-news-bytes",
+        "--length-mix",
+        '{"head_prob": 0.5}',
+        "--limit",
+        "20",
+        "--max-steps",
+        "1",
+    ]
     argv += ["--epochs", "1", "--eval-limit", "5", "--no-test", "--threads", "1", "--override"]
     argv += [json.dumps({"tfidf_buckets": BUCKETS, "ngram_buckets": 0, "depth": 1})]
     train.main([*argv, "--out", str(out), "--run-dir", str(tmp_path / "ckpt")])

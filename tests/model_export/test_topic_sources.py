@@ -1,4 +1,4 @@
-"""Other sources of two topics for lara-news-minilm's head, and the non-English filler (issue 53)."""
+"""Other sources of two topics for lara-text-news's head, and the non-English filler (issue 53)."""
 
 from __future__ import annotations
 

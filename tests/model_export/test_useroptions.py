@@ -39,14 +39,14 @@ def test_the_least_max_length_is_accepted() -> None:
 @pytest.mark.parametrize(
     ("extra", "processes", "want", "why"),
     [
-        ([], 1, "lara-news-minilm", "the default: lara-news-minilm frozen"),
+        ([], 1, "lara-text-news", "the default: lara-text-news frozen"),
         (["--epochs", "2"], 1, "lara-text-news-bytes", "--epochs train(s) the byte encoder"),
         (["--lr", "1e-3", "--no-augment"], 1, "lara-text-news-bytes", "--lr, --no-augment train(s) the byte encoder"),
         (["--resume"], 1, "lara-text-news-bytes", "--resume train(s)"),
         (["--pooling", "mean"], 1, "lara-text-news-bytes", "--pooling mean train(s)"),
         (["--arch", "tiny-text"], 1, "lara-text-news-bytes", "--arch train(s)"),
         ([], 2, "lara-text-news-bytes", "2 processes train the byte encoder"),
-        (["--max-length", "4096", "--time-budget", "5", "--no-wide"], 1, "lara-news-minilm", "the default"),
+        (["--max-length", "4096", "--time-budget", "5", "--no-wide"], 1, "lara-text-news", "the default"),
     ],
 )
 def test_the_default_text_encoder_follows_what_the_run_asks_for(
@@ -55,8 +55,8 @@ def test_the_default_text_encoder_follows_what_the_run_asks_for(
     from lara_serve.model_export.your_data import options
 
     shipped = tmp_path / "repo"
-    (shipped / "lara-news-minilm" / "1").mkdir(parents=True)
-    (shipped / "lara-news-minilm" / "1" / "model.safetensors").write_bytes(b"")
+    (shipped / "lara-text-news" / "1").mkdir(parents=True)
+    (shipped / "lara-text-news" / "1" / "model.safetensors").write_bytes(b"")
     monkeypatch.setattr(options, "SHIPPED", shipped)
     init, said = options.default_text_init(parsed(*extra), processes)
     assert init == want and why in said
@@ -65,6 +65,6 @@ def test_the_default_text_encoder_follows_what_the_run_asks_for(
 def test_without_the_pretrained_model_the_default_is_the_byte_encoder(tmp_path, monkeypatch) -> None:
     from lara_serve.model_export.your_data import options
 
-    monkeypatch.setattr(options, "SHIPPED", tmp_path)  # a lean image: no lara-news-minilm
+    monkeypatch.setattr(options, "SHIPPED", tmp_path)  # a lean image: no lara-text-news
     init, said = options.default_text_init(parsed(), 1)
-    assert init == "lara-text-news-bytes" and "lara-news-minilm is not in" in said
+    assert init == "lara-text-news-bytes" and "lara-text-news is not in" in said

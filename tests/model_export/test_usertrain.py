@@ -281,7 +281,7 @@ def test_text_starts_from_the_shipped_encoder_with_a_new_head(work: Path) -> Non
         pytest.skip(f"{shipped} is not here")
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    # the byte encoder by name (without --init and without an option of its training, lara-news-minilm is the
+    # the byte encoder by name (without --init and without an option of its training, lara-text-news is the
     # default: test_usertrain_pretrained); an option of its training picks it too
     args = [str(work / "news.jsonl"), "--out", str(work / "unused")]
     prep = prepare(parser.parse_args([*args, "--init", "lara-text-news-bytes"]))

@@ -1,7 +1,7 @@
 """`lara train --init <word-piece model>` (lara_serve.model_export.your_data.pretrained_init): the encoder kept frozen,
 a head fitted on its mean embeddings, the folder served as a word-piece model.
 
-A tiny bert_lara classifier with its own tokenizer.json stands in for lara-news-minilm as --init DIR; one run per
+A tiny bert_lara classifier with its own tokenizer.json stands in for lara-text-news as --init DIR; one run per
 module, served once by a live server. The shipped name is checked to resolve and load without reading any data
 through it (its budget is refused before any work).
 """
@@ -83,7 +83,7 @@ def live_url(work: Path) -> Iterator[str]:
 
 
 def test_a_run_reading_past_the_whole_graph_serves_long_documents_on_its_sliced_program(work: Path) -> None:
-    """--max-length above the --init model's own (128 pieces here, 16,384 for lara-news-minilm): the documents are
+    """--max-length above the --init model's own (128 pieces here, 16,384 for lara-text-news): the documents are
     read in windows of its learned positions, the whole graph keeps that length, a sliced program
     (export.sliced_windows, float) reads the longer documents, and the server's onnxruntime backend gives the
     torch model's answer for a document past the whole graph."""
@@ -210,19 +210,19 @@ def _args(argv: list[str]) -> argparse.Namespace:
 
 
 def test_the_shipped_name_resolves_to_its_frozen_encoder(tmp_path: Path) -> None:
-    if not (SHIPPED / "lara-news-minilm" / "1" / "model.safetensors").is_file():
-        pytest.skip("lara-news-minilm is not in model_repository/")
+    if not (SHIPPED / "lara-text-news" / "1" / "model.safetensors").is_file():
+        pytest.skip("lara-text-news is not in model_repository/")
     write_texts(tmp_path / "d.jsonl")
     argv = [str(tmp_path / "d.jsonl"), "--out", str(tmp_path / "m")]
-    assert pretrained_init.applies(_args([*argv, "--init", "lara-news-minilm"]))
+    assert pretrained_init.applies(_args([*argv, "--init", "lara-text-news"]))
     assert not any(pretrained_init.applies(_args([*argv, *more])) for more in ([], ["--init", "none"],
                                                                                  ["--init", "lara-text-news-bytes"]))  # fmt: skip
-    prep = prepare(_args([*argv, "--init", "lara-news-minilm"]))
-    assert isinstance(prep, pretrained_init.Frozen) and prep.init == SHIPPED / "lara-news-minilm"
-    shipped = load_pretrained(SHIPPED / "lara-news-minilm")
+    prep = prepare(_args([*argv, "--init", "lara-text-news"]))
+    assert isinstance(prep, pretrained_init.Frozen) and prep.init == SHIPPED / "lara-text-news"
+    shipped = load_pretrained(SHIPPED / "lara-text-news")
     assert prep.cfg == dataclasses.replace(shipped.cfg, num_classes=3, readout="layers", window=0, window_gate=0.0)
     # past the shipped encoder's 16,384 pieces: windows of its 510 learned positions (a sliced program's unit)
-    longer = prepare(_args([*argv, "--init", "lara-news-minilm", "--max-length", "65536"]))
+    longer = prepare(_args([*argv, "--init", "lara-text-news", "--max-length", "65536"]))
     assert isinstance(longer, pretrained_init.Frozen)
     assert longer.cfg == dataclasses.replace(prep.cfg, window=510, max_length=65536)
     assert all(torch.equal(a, b) for a, b in zip(prep.model.encoder.state_dict().values(),
@@ -230,20 +230,20 @@ def test_the_shipped_name_resolves_to_its_frozen_encoder(tmp_path: Path) -> None
     assert not any(p.requires_grad for p in prep.model.parameters()) and not (tmp_path / "m").exists()
     # No --init: the default text encoder is this one; an option of the byte encoder's training picks that one.
     default = prepare(_args(argv))
-    assert isinstance(default, pretrained_init.Frozen) and default.init == SHIPPED / "lara-news-minilm"
-    assert default.hp["init_choice"].startswith("the default: lara-news-minilm frozen")
+    assert isinstance(default, pretrained_init.Frozen) and default.init == SHIPPED / "lara-text-news"
+    assert default.hp["init_choice"].startswith("the default: lara-text-news frozen")
     byte = prepare(_args([*argv, "--epochs", "1"]))
     assert not isinstance(byte, pretrained_init.Frozen) and byte.hp["init_choice"].startswith("--epochs")
 
 
 def test_a_budget_too_small_for_the_shipped_encoder_names_the_least(tmp_path: Path, capsys) -> None:
-    if not (SHIPPED / "lara-news-minilm" / "1" / "model.safetensors").is_file():
-        pytest.skip("lara-news-minilm is not in model_repository/")
+    if not (SHIPPED / "lara-text-news" / "1" / "model.safetensors").is_file():
+        pytest.skip("lara-text-news is not in model_repository/")
     write_texts(tmp_path / "d.jsonl")
-    rc = main([str(tmp_path / "d.jsonl"), "--out", str(tmp_path / "m"), "--init", "lara-news-minilm",
+    rc = main([str(tmp_path / "d.jsonl"), "--out", str(tmp_path / "m"), "--init", "lara-text-news",
                "--time-budget", "0.2", "--clock", "cpu", "--threads", "1", "--quiet"])  # fmt: skip
     err = capsys.readouterr().err
-    assert rc == 2 and "too small for the frozen lara-news-minilm encoder" in err and "word pieces" in err
+    assert rc == 2 and "too small for the frozen lara-text-news encoder" in err and "word pieces" in err
     least = float(err.rsplit("use --time-budget ", 1)[1].split()[0])
     assert least >= pretrained_init.EXPORT_S / 60 and not (tmp_path / "m").exists()
     assert not (tmp_path / ".m.lara-train").exists()
@@ -252,8 +252,8 @@ def test_a_budget_too_small_for_the_shipped_encoder_names_the_least(tmp_path: Pa
 @pytest.mark.parametrize(
     ("more", "message"),
     [
-        (["--pooling", "passages"], "--pooling passages does not apply to --init lara-news-minilm"),
-        (["--no-case-fold"], "--no-case-fold does not apply to --init lara-news-minilm: its word-piece tokenizer"),
+        (["--pooling", "passages"], "--pooling passages does not apply to --init lara-text-news"),
+        (["--no-case-fold"], "--no-case-fold does not apply to --init lara-text-news: its word-piece tokenizer"),
         (["--epochs", "2"], "--epochs does not apply"),
         (["--resume"], "--resume does not apply"),
         (["--no-augment"], "--no-augment does not apply"),
@@ -268,7 +268,7 @@ def test_options_and_data_that_do_not_apply_are_usage_errors(tmp_path: Path, cap
     else:
         data = tmp_path / "d.jsonl"
         write_texts(data)
-    rc = main([str(data), "--out", str(tmp_path / "m"), "--init", "lara-news-minilm", "--quiet", *more])
+    rc = main([str(data), "--out", str(tmp_path / "m"), "--init", "lara-text-news", "--quiet", *more])
     assert rc == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "m").exists() and not (tmp_path / ".m.lara-train").exists()
 

@@ -14,7 +14,7 @@ import pytest
 pytestmark = pytest.mark.anyio
 
 README = Path(__file__).resolve().parents[2] / "README.md"
-NEWS = "lara-text-news-bytes"
+NEWS = "lara-text-news"
 
 
 def curl_commands() -> list[tuple[list[str], str]]:
