@@ -30,7 +30,7 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
 _ACCURACY = re.compile(r"Test accuracy ([0-9.]+)% \(n=(\d+)\)")
-_LIMIT = re.compile(r"Takes up to (\d+) UTF-8 bytes")
+_LIMIT = re.compile(r"Takes up to (\d+) (?:UTF-8 bytes|word pieces)")
 
 
 def card_figures(card_text: str) -> dict[str, Any]:

@@ -38,6 +38,8 @@ def test_the_screenshot_shows_the_served_model_card() -> None:
 def test_card_figures_are_read_from_the_page_text() -> None:
     text = "Labels: a, b. Takes up to 4096 UTF-8 bytes. Test accuracy 91.3% (n=250). Attention: lara."
     assert card_figures(text) == {"test_accuracy_pct": "91.3", "n_test": 250, "max_length": 4096}
+    pieces = text.replace("4096 UTF-8 bytes", "262144 word pieces")  # a word-piece model's card
+    assert card_figures(pieces) == {"test_accuracy_pct": "91.3", "n_test": 250, "max_length": 262144}
     assert card_figures("Labels: a, b.") == {}
 
 
