@@ -29,16 +29,15 @@ import shutil
 import statistics
 import subprocess
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from benchmarks.common import environment, markdown_table, model_path_at, shipped_onnx_at, write_json
+from benchmarks.sampling import peak_of
 from lara_serve.model_export.training.long_docs import make_composites
 from lara_serve.model_export.training.tasks import text_docs
 from lara_serve.server.testing import server_process
@@ -64,26 +63,6 @@ def _server_pid(port: int) -> int:
             if b"server" in cmd and b"--port" in cmd and cmd[cmd.index(b"--port") + 1] == str(port).encode():
                 return int(proc.name)
     raise RuntimeError(f"no server process on port {port}")
-
-
-@contextmanager
-def peak_rss(pid: int) -> Iterator[dict[str, int]]:
-    """Samples the process's RSS every 10 ms; yields a dict whose "peak_kib" is filled on exit."""
-    out = {"peak_kib": 0}
-    stop = threading.Event()
-
-    def sample() -> None:
-        while not stop.is_set():
-            out["peak_kib"] = max(out["peak_kib"], _rss_kib(pid))
-            time.sleep(0.01)
-
-    thread = threading.Thread(target=sample, daemon=True)
-    thread.start()
-    try:
-        yield out
-    finally:
-        stop.set()
-        thread.join()
 
 
 def _post(client: httpx.Client, model: str, texts: list[str]) -> tuple[float, float | None]:
@@ -123,7 +102,7 @@ def measure(
             docs = [raw.decode("utf-8", "ignore") for raw, _ in make_composites(texts, labels, n, per_class=2)][:8]
             times = long_repeats if n > LONG else repeats
             many = docs[:long_docs] if n > LONG else docs  # each runs alone above the batch budget: k runs
-            with peak_rss(pid) as mem:
+            with peak_of(lambda: _rss_kib(pid), interval=0.01) as mem:
                 one = [_post_batch(client, model, [docs[i % len(docs)]]) for i in range(times)]
                 eight = [_post_batch(client, model, many) for _ in range(times)] if many else []
             rows.append(
@@ -137,7 +116,7 @@ def measure(
                     "batch8_per_doc_ms": statistics.median(t for t, _, _ in eight) / len(many) if eight else None,
                     "batch8_largest_batch": max(b for _, _, b in eight) if eight else None,
                     "batch1_ms_per_kib": statistics.median(t for t, _, _ in one) / (n / 1024),
-                    "peak_rss_above_idle_mib": (mem["peak_kib"] - idle) / 1024,
+                    "peak_rss_above_idle_mib": (mem["peak"] - idle) / 1024,
                 }
             )
             print(rows[-1], flush=True)

@@ -28,6 +28,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.sampling import peak_of
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "memory_one_mib.json"
 VARIANTS = ("before", "after", "sliced", "server", "server_own_arenas")
@@ -119,8 +121,9 @@ def largest_batch(config: dict, document: bytes, budget: int) -> list[bytes]:
     if config["preprocessing"]["kind"] != "wordpiece":
         return [document[:budget]]
     whole = config["model"]["max_length"]  # the whole graph's longest; the sliced program reads past it
-    per = whole * 4  # bytes: about 4.3 bytes a piece in English, so this stays at or under `whole` pieces
-    return [document[i * per : (i + 1) * per] for i in range(budget // whole)]
+    per, count = whole * 4, budget // whole  # bytes: English runs ~4.8 bytes a piece, so under `whole` pieces
+    document = document * (per * count // len(document) + 1)
+    return [document[i * per : (i + 1) * per] for i in range(count)]
 
 
 def server(size: int, shared_arena: bool = True) -> dict:
@@ -128,8 +131,6 @@ def server(size: int, shared_arena: bool = True) -> dict:
     model has run its largest batch (largest_batch: the arenas keep that size); then, for each text model in
     turn, peak while one document of `size` bytes is classified (sampled every 20 ms) and RSS after it;
     `peak_rss_mib`, the largest of them, is the pod's worst case."""
-    import threading
-
     import httpx
 
     from lara_serve.server.testing import server_process
@@ -150,21 +151,12 @@ def server(size: int, shared_arena: bool = True) -> dict:
         arenas = _children_rss_mib()
         per_model = {}
         for name in texts:
-            peak, done = [_children_rss_mib()], threading.Event()
-
-            def sample(peak: list[float] = peak, done: threading.Event = done) -> None:
-                while not done.wait(0.02):
-                    peak.append(_children_rss_mib())
-
-            sampler = threading.Thread(target=sample, daemon=True)
-            sampler.start()
-            start = time.perf_counter()
-            r = httpx.post(f"{url}/v1/models/{name}:classify", content=document, headers=headers, timeout=900)
-            seconds = time.perf_counter() - start
-            done.set()
-            sampler.join()
+            with peak_of(_children_rss_mib) as peak:
+                start = time.perf_counter()
+                r = httpx.post(f"{url}/v1/models/{name}:classify", content=document, headers=headers, timeout=900)
+                seconds = time.perf_counter() - start
             r.raise_for_status()
-            per_model[name] = {"peak_rss_mib": round(max(peak), 1), "rss_after_long_mib": round(_children_rss_mib(), 1),
+            per_model[name] = {"peak_rss_mib": round(peak["peak"], 1), "rss_after_long_mib": round(_children_rss_mib(), 1),
                                "long_seconds": round(seconds, 2), "truncated": r.json().get("truncated")}  # fmt: skip
             print(name, per_model[name], flush=True)
         httpx.post(f"{url}/v1/models/{texts[0]}:classify", content=text[:2048], headers=headers, timeout=60)

@@ -21,7 +21,6 @@ import json
 import resource
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ import numpy as np
 
 from benchmarks.long_composites import wilson
 from benchmarks.pretrained_cost import labelled_documents
+from benchmarks.sampling import peak_of
 
 REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"
 MODEL = "lara-text-news"
@@ -100,20 +100,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         times, pieces, right, peaks, in_dist = [], [], 0, [], 0
         for raw, label in labelled_documents(length, n, seed=length):
             item, batch = read(raw)
-            peak, done = [rss_mib()], threading.Event()
-
-            def sample(peak: list[float] = peak, done: threading.Event = done) -> None:
-                while not done.wait(0.02):
-                    peak.append(rss_mib())
-
-            sampler = threading.Thread(target=sample, daemon=True)
-            sampler.start()
-            start = time.perf_counter()
-            out = backend.run_outputs(batch)
-            times.append(time.perf_counter() - start)
-            done.set()
-            sampler.join()
-            peaks.append(max(peak))
+            with peak_of(rss_mib) as peak:
+                start = time.perf_counter()
+                out = backend.run_outputs(batch)
+                times.append(time.perf_counter() - start)
+            peaks.append(peak["peak"])
             pieces.append(item.length)
             right += int(out.logits[0].argmax() == label)
             in_dist += int(float(out.ood_score[0]) <= threshold)
