@@ -26,8 +26,8 @@ class ModelOutputs:
 @dataclass(frozen=True)
 class OrtOptions:
     """How onnxruntime runs a model: settings.ort_attention, ort_spinning, ort_long_via_torch and
-    ort_shared_arena, grouped so
-    that the factory passes them on as one value (the torch backend has no use for them)."""
+    ort_shared_arena, grouped so that the factory passes them on as one value (the torch backend has no use
+    for them)."""
 
     attention: OrtAttention = "auto"
     spinning: bool = False
