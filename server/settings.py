@@ -282,7 +282,8 @@ class Settings(BaseSettings):
     tei_model: str | None = Field(
         None,
         description="Model that TEI's /predict, POST / and /invocations serve when the request names none "
-        "(?model=), and /info's model_id. Unset: the first text model in repository (folder name) order.",
+        "(?model=), and /info's model_id. Unset: the first text model in repository (folder name) order that "
+        "reads word pieces (a pretrained encoder, such as lara-text-news), else the first text model.",
     )
     ssl_certfile: Path | None = Field(
         None,

@@ -9,7 +9,8 @@ client such as huggingface_hub drops headers but keeps unknown fields).
 Decisions: these models read one sequence, so a list of strings is a batch (TEI would read two strings as a
 sentence pair); TEI's batch form `[["a"], ["b"]]` works too, a real pair is a 422. `raw_scores: true` gives
 log-softmax scores: the logits up to a per-item constant, so order and differences are the logits'. With no
-?model= the default text model answers: tei_model, else the first text model in repository (name) order.
+?model= the default text model answers: tei_model, else the first word-piece text model in repository (name)
+order, else the first text model.
 A body with a `parameters` object on POST / or /invocations is Hugging Face's Inference API task shape
 (what `huggingface_hub.InferenceClient(model=url).text_classification` sends): the answer is then one list
 per text even for one text, as that client expects, and parameters.top_k / function_to_apply apply.
@@ -75,13 +76,16 @@ class TEIScore(BaseModel):
 
 
 def default_text_model(state: AppState) -> str:
-    """tei_model, else the first text model in repository (folder name) order."""
+    """tei_model, else the first word-piece text model in repository (folder name) order, else the first text
+    model. A TEI client sends English sentences and documents of any length; a word-piece model reads them
+    through a pretrained encoder (the shipped lara-text-news: 82.8% on headlines against the byte model's 62.6)."""
     if state.settings.tei_model:
         return state.settings.tei_model
-    texts = sorted(n for n, m in state.registry.models.items() if m.config.task == "text")
+    texts = sorted((n, m) for n, m in state.registry.models.items() if m.config.task == "text")
     if not texts:
         raise invalid(f"no text model is served (models: {sorted(state.registry.models)}); TEI routes serve text")
-    return texts[0]
+    pieces = [n for n, m in texts if getattr(m.config.preprocessing, "kind", None) == "wordpiece"]
+    return (pieces or [texts[0][0]])[0]
 
 
 def _tei_texts(inputs: str | list[str | list[str]]) -> tuple[list[bytes], bool]:
@@ -100,7 +104,9 @@ def _tei_texts(inputs: str | list[str | list[str]]) -> tuple[list[bytes], bool]:
     return texts, True
 
 
-_MODEL_QUERY = Query(description="Model name; default: tei_model or the first text model")
+_MODEL_QUERY = Query(
+    description="Model name; default: tei_model, else the first word-piece text model, else the first text model"
+)
 
 
 @router.post("/predict", response_model=list[TEIScore] | list[list[TEIScore]], summary="TEI /predict")

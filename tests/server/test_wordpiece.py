@@ -5,6 +5,7 @@ and the repository's checks of the tokenizer file."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -224,3 +225,19 @@ async def test_a_windowed_models_score_without_is_v2_infer_of_the_padded_ids(win
         assert r.status_code == 200, r.text
         (probs,) = r.json()["outputs"]
         assert p["score_without"] == pytest.approx(probs["data"][TEXT_LABELS.index(exp["label"])], abs=1e-6)
+
+
+@pytest.mark.anyio
+async def test_tei_default_is_the_word_piece_model_beside_a_byte_model(wp_repo: Path, tmp_path: Path) -> None:
+    """TEI's routes without ?model= answer with the word-piece model (a pretrained encoder reads the English
+    TEI's clients send), although a byte text model comes first in name order."""
+    shutil.copytree(wp_repo / NAME, tmp_path / NAME)
+    make_text_model(tmp_path, "a-bytes", max_length=64, seed=3)  # sorts first
+    doc = "the markets rose and the shares fell"
+    async with serve(Settings(model_repository=tmp_path, max_queue_delay_ms=2.0)) as client:
+        default = await client.post("/predict", json={"inputs": doc})
+        pieces = await client.post(f"/predict?model={NAME}", json={"inputs": doc})
+        byte = await client.post("/predict?model=a-bytes", json={"inputs": doc})
+        assert default.status_code == pieces.status_code == byte.status_code == 200
+        assert default.json() == pieces.json() != byte.json()
+        assert (await client.get("/info")).json()["model_id"] == NAME
