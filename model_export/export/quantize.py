@@ -113,6 +113,46 @@ def quantize_file(src: Path, dst: Path, per_channel: bool = True, skip: Collecti
     }
 
 
+def scalar_initializer(path: Path, name: str) -> float:
+    """The value of the graph's scalar initializer `name` (ValueError when it has none)."""
+    init = next((i for i in onnx.load(path).graph.initializer if i.name == name), None)
+    if init is None or list(init.dims):
+        raise ValueError(f"{path}: no scalar initializer {name!r}")
+    return float(numpy_helper.to_array(init))
+
+
+def set_initializer(path: Path, name: str, value: float) -> None:
+    """Rewrite one scalar float32 initializer of the graph at path, in place."""
+    proto = onnx.load(path)
+    init = next((i for i in proto.graph.initializer if i.name == name), None)
+    if init is None or init.data_type != onnx.TensorProto.FLOAT or list(init.dims):
+        raise ValueError(f"{path}: no scalar float32 initializer {name!r}")
+    init.CopyFrom(numpy_helper.from_array(np.asarray(value, dtype=np.float32), name))
+    onnx.save(proto, path)
+
+
+def ensure_temperature(path: Path, name: str = "temperature", output: str = "logits") -> bool:
+    """Give back the division of `output` by a scalar initializer `name` (1.0) where the export folded it away
+    (head.finalize keeps T = 1 when the holdout has no errors), so that set_initializer can set another; the
+    graph computes the same. Returns whether it was added (False: the graph has one)."""
+    proto = onnx.load(path)
+    if any(i.name == name for i in proto.graph.initializer):
+        return False
+    before = f"{output}_before_{name}"
+    producers = [n for n in proto.graph.node if output in n.output]
+    if len(producers) != 1:
+        raise ValueError(f"{path}: no single node computes {output!r}")
+    for node in proto.graph.node:  # its producer and any reader inside the graph keep the undivided value
+        for field in (node.output, node.input):
+            for i, value in enumerate(field):
+                if value == output:
+                    field[i] = before
+    proto.graph.initializer.append(numpy_helper.from_array(np.asarray(1.0, dtype=np.float32), name))
+    proto.graph.node.append(onnx.helper.make_node("Div", [before, name], [output], name=f"divide_by_{name}"))
+    onnx.save(proto, path)
+    return True
+
+
 def matmuls_of(graph_path: Path, weights_path: Path, suffixes: Sequence[str]) -> list[str]:
     """The MatMul nodes of the exported graph whose float16-stored weight is, value for value, the transpose
     of a weight in the safetensors file whose name ends with one of suffixes (the export names MatMul weights

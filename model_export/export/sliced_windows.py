@@ -23,8 +23,9 @@ The program (lara_serve.sliced_program's format, run by the server's onnxruntime
 The manifest's `long_from` tells the server to run documents longer than the whole graph's `max_length` on it.
 
 The windows graph is exported with the whole graph's float16 storage and, for an int8 model (lara-text-news;
-`lara train`'s are float), then given the whole graph's int8 weights (export.quantize, the query and key projections float: FLOAT_PROJECTIONS), so both
-paths compute with the same numbers; the float program's parity with the torch serving model is checked first
+`lara train --int8`), then given the whole graph's int8 weights (export.quantize, the query and key projections float: FLOAT_PROJECTIONS), so both
+paths compute with the same numbers, and the readout divides by the whole graph's temperature (an int8 graph's is
+refitted on its own logits; the weights keep the float head's); the float program's parity with the torch serving model is checked first
 (exactness of the slicing), then the int8 program's agreement with the float one (the quantization's cost).
 """
 
@@ -331,6 +332,17 @@ def _quantize(
 READ_MAX_LENGTH = 262144
 
 
+def graph_temperature(path: Path) -> float | None:
+    """The temperature the exported graph divides its logits by, None where the export folded a division by 1
+    away (head.finalize keeps T = 1 when the holdout has no errors)."""
+    from lara_serve.model_export.export.quantize import scalar_initializer
+
+    try:
+        return scalar_initializer(path, "temperature")
+    except ValueError:
+        return None
+
+
 def export_windows_dir(model_dir: Path, quantize: bool | None = None, max_length: int = READ_MAX_LENGTH) -> dict[str, Any]:  # fmt: skip
     """`<model_dir>/1/sliced/` from the artifact beside its 1/model.onnx (never rewritten), taking over past the
     whole graph's export.max_length, and config.json's preprocessing.max_length raised to `max_length` (the
@@ -346,6 +358,11 @@ def export_windows_dir(model_dir: Path, quantize: bool | None = None, max_length
         raise ValueError(f"--max-length {max_length} must exceed the whole graph's {whole} pieces: nothing to slice")
     if quantize is None:
         quantize = isinstance(export.get("quantization"), dict)
+    graph_t = graph_temperature(Path(model_dir) / VERSION / "model.onnx")
+    if graph_t is not None:  # an int8 graph's temperature is refitted on its own logits (pretrained.int8,
+        # your_data.quantized) and the weights keep the float head's: the program continues the whole graph
+        with torch.no_grad():
+            serving.temperature.fill_(graph_t)
     spec = export_windows(serving, Path(model_dir) / VERSION / FOLDER, Path(model_dir) / VERSION / "model.onnx",
                           quantize=quantize, weights=Path(model_dir) / VERSION / WEIGHTS, long_from=whole)  # fmt: skip
     conf["preprocessing"]["max_length"] = max_length

@@ -35,14 +35,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 import torch
-from onnx import numpy_helper
 from torch import Tensor
 from tqdm import tqdm
 
 from lara_serve.model_export.export.exporter import export_model_dir, make_session
-from lara_serve.model_export.export.quantize import FLOAT_PROJECTIONS, matmuls_of, quantize_file
+from lara_serve.model_export.export.quantize import (
+    FLOAT_PROJECTIONS,
+    matmuls_of,
+    quantize_file,
+    scalar_initializer,
+    set_initializer,
+)
 from lara_serve.model_export.head.calibration import ECE_BINS, ece_floor, expected_calibration_error, fit_temperature
 from lara_serve.model_export.head.finalize import PASS_RATE
 from lara_serve.model_export.models.hub import VERSION, load_config
@@ -68,23 +72,6 @@ def balanced_weights(n_bbc: int, n_other: int, share: float = SHIFT_SHARE) -> Te
     return torch.cat([torch.full((n_bbc,), (1 - share) / n_bbc), torch.full((n_other,), share / n_other)])
 
 
-def scalar_initializer(path: Path, name: str) -> float:
-    init = next((i for i in onnx.load(path).graph.initializer if i.name == name), None)
-    if init is None or list(init.dims):
-        raise ValueError(f"{path}: no scalar initializer {name!r}")
-    return float(numpy_helper.to_array(init))
-
-
-def set_initializer(path: Path, name: str, value: float) -> None:
-    """Rewrite one scalar float32 initializer of the graph at path, in place."""
-    proto = onnx.load(path)
-    init = next((i for i in proto.graph.initializer if i.name == name), None)
-    if init is None or init.data_type != onnx.TensorProto.FLOAT or list(init.dims):
-        raise ValueError(f"{path}: no scalar float32 initializer {name!r}")
-    init.CopyFrom(numpy_helper.from_array(np.asarray(value, dtype=np.float32), name))
-    onnx.save(proto, path)
-
-
 def read_items(paths: dict[str, Path], model_dir: Path, texts: Sequence[str], threads: int, desc: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:  # fmt: skip
     """Each graph's (served logits [N, C], ood_score [N]) on texts, one text at a time: the model folder's
     tokenizer.json, [CLS] + its first max_length - 2 pieces + [SEP], as the server reads it with "head"
@@ -102,15 +89,21 @@ def read_items(paths: dict[str, Path], model_dir: Path, texts: Sequence[str], th
     return {name: (np.stack(z), np.asarray(s)) for name, (z, s) in out.items()}
 
 
-def agreement(ref: tuple[np.ndarray, np.ndarray], got: tuple[np.ndarray, np.ndarray], thresholds: tuple[float, float]) -> dict[str, Any]:  # fmt: skip
-    """How far the int8 graph's answers are from the float graph's on the same items."""
-    p_ref, p_got = (torch.softmax(torch.from_numpy(z).double(), -1).numpy() for z in (ref[0], got[0]))
-    rel = (got[1] - ref[1]) / np.abs(ref[1])
+def prob_agreement(ref: np.ndarray | Tensor, got: np.ndarray | Tensor) -> dict[str, Any]:
+    """How far one graph's class probabilities are from another's on the same items (logits [N, C] each)."""
+    p_ref, p_got = (torch.softmax(torch.as_tensor(z).double(), -1).numpy() for z in (ref, got))
     return {
         "n": len(p_ref),
         "argmax_agreement": round(float((p_ref.argmax(1) == p_got.argmax(1)).mean()), 4),
         "max_abs_prob_diff": round(float(np.abs(p_got - p_ref).max()), 4),
         "mean_abs_prob_diff": round(float(np.abs(p_got - p_ref).mean()), 5),
+    }
+
+
+def agreement(ref: tuple[np.ndarray, np.ndarray], got: tuple[np.ndarray, np.ndarray], thresholds: tuple[float, float]) -> dict[str, Any]:  # fmt: skip
+    """How far the int8 graph's answers are from the float graph's on the same items."""
+    rel = (got[1] - ref[1]) / np.abs(ref[1])
+    return prob_agreement(ref[0], got[0]) | {
         "ood_median_rel_change": round(float(np.median(rel)), 4),
         "in_distribution_decision_agreement": round(
             float(((ref[1] <= thresholds[0]) == (got[1] <= thresholds[1])).mean()), 4
@@ -123,6 +116,16 @@ def ece(z: np.ndarray, y: np.ndarray) -> float:
     return round(expected_calibration_error(probs, torch.from_numpy(y), ECE_BINS), 4)
 
 
+def quantize_graph(model_dir: Path, float_copy: Path) -> dict[str, Any]:
+    """Step 2: the model folder's float graph (1/model.onnx, as exported) copied to float_copy and quantized
+    into 1/model.onnx in place, the query and key projections kept float; what was done, for config.json."""
+    served = model_dir / VERSION / ONNX_FILE
+    shutil.copyfile(served, float_copy)
+    skip = matmuls_of(float_copy, model_dir / VERSION / "model.safetensors", FLOAT_PROJECTIONS)
+    notes = quantize_file(float_copy, served, skip=skip)
+    return notes | {"float_projections": f"{', '.join(FLOAT_PROJECTIONS)} of every layer (FLOAT_PROJECTIONS)"}
+
+
 def quantize_served(model_dir: Path = MODEL, threads: int = 1, limit: int = 0, seed: int = 0) -> dict[str, Any]:
     """Steps 1-5 of the module docstring; limit > 0 reads that many documents of each split (smoke runs)."""
     t0 = time.perf_counter()
@@ -130,9 +133,7 @@ def quantize_served(model_dir: Path = MODEL, threads: int = 1, limit: int = 0, s
     served = model_dir / VERSION / ONNX_FILE
     with tempfile.TemporaryDirectory(prefix="lara-int8-") as tmp:
         float_path = Path(tmp) / "float.onnx"
-        shutil.copyfile(served, float_path)
-        skip = matmuls_of(float_path, model_dir / VERSION / "model.safetensors", FLOAT_PROJECTIONS)
-        notes = quantize_file(float_path, served, skip=skip)
+        notes = quantize_graph(model_dir, float_path)
         paths = {"float": float_path, "int8": served}
         t_old = scalar_initializer(float_path, TEMPERATURE)  # the float head's, from the weights (not config.json)
         train = load_news("train")
@@ -199,7 +200,6 @@ def quantize_served(model_dir: Path = MODEL, threads: int = 1, limit: int = 0, s
                 "graph": "int8 (export.quantization); float_graph: the same weights unquantized"}  # fmt: skip
     metrics["holdout"] |= accuracy_by_form(torch.from_numpy(z_val), torch.from_numpy(y_val), val_f)
     conf["export"]["quantization"] = notes | {
-        "float_projections": f"{', '.join(FLOAT_PROJECTIONS)} of every layer (FLOAT_PROJECTIONS)",
         "agreement_with_float": {
             "holdout": agreement(val["float"], val["int8"], (threshold_float, threshold)),
             "test": agreement(test["float"], test["int8"], (threshold_float, threshold)),

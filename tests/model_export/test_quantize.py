@@ -15,9 +15,12 @@ from onnx import TensorProto, helper, numpy_helper
 from lara_serve.model_export.export.quantize import (
     QuantizeError,
     custom_op_unchanged,
+    ensure_temperature,
     fold_float16_casts,
     main,
     quantize_file,
+    scalar_initializer,
+    set_initializer,
 )
 
 DIM, VOCAB = 16, 64
@@ -111,3 +114,24 @@ def test_command_refuses_to_overwrite_its_source(tmp_path: Path) -> None:
         main([str(src), str(src)])
     main([str(src), str(tmp_path / "out.onnx")])
     assert (tmp_path / "out.onnx").is_file()
+
+
+def test_a_folded_temperature_is_given_back_as_a_division_by_one(tmp_path: Path) -> None:
+    """export.quantize.ensure_temperature: a graph whose export folded logits / 1.0 away gets the division back
+    (same outputs), after which set_initializer rescales the output; a graph that has it is left alone."""
+    path = tmp_path / "model.onnx"
+    model = tiny_model()
+    model.graph.output[0].name = "logits"
+    model.graph.node[-1].output[0] = "logits"
+    onnx.save(model, path)
+    reference = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(["logits"], {"ids": IDS})[0]
+    assert ensure_temperature(path) and not ensure_temperature(path)
+    onnx.checker.check_model(onnx.load(path), full_check=True)
+    assert scalar_initializer(path, "temperature") == 1.0
+
+    def logits() -> np.ndarray:
+        return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(["logits"], {"ids": IDS})[0]
+
+    np.testing.assert_array_equal(logits(), reference)
+    set_initializer(path, "temperature", 4.0)
+    np.testing.assert_allclose(logits(), reference / 4.0, rtol=1e-6)

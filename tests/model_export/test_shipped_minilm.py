@@ -197,6 +197,7 @@ def test_sliced_program_belongs_to_the_served_graph() -> None:
     """1/sliced/ (export.sliced_windows): exported for this model.onnx (the server refuses a program whose sha256
     differs, and a document past long_from would then run on the whole graph, GBs at 1 MiB), taking over where
     the whole graph's export ends, with its int8 windows graph under 50 MB."""
+    from lara_serve.model_export.export.quantize import scalar_initializer
     from lara_serve.server.backends.pytorch import file_digests
 
     conf = json.loads((MODEL / "config.json").read_text())
@@ -209,6 +210,11 @@ def test_sliced_program_belongs_to_the_served_graph() -> None:
     assert spec["chunk"] % conf["model"]["window"] == 0
     assert max(r["max_abs_diff"] for r in spec["parity"]["cases"]) < 1e-4  # the float program against torch
     assert spec["quantization"]["quantized_matmuls"] == 6 * 4
+    # the program's probabilities are the whole graph's: the same temperature, the int8 head's refitted one (the
+    # program was first exported with the float weights' 1.049 against the graph's 0.943)
+    readout_t = scalar_initializer(MODEL / "1" / "sliced" / "readout.onnx", "serving.temperature")
+    assert readout_t == scalar_initializer(onnx_path, "temperature")
+    assert readout_t == pytest.approx(conf["calibration"]["temperature"], abs=1e-4)
     assert (MODEL / "1" / "sliced" / "windows.onnx").stat().st_size < 50 * MB
 
 

@@ -136,10 +136,11 @@ def test_the_int8_step_re_exports_a_program_made_for_another_graph(tmp_path: Pat
     exported again for the new graph (the server checks that sha256; int8 when the graph is, float here: a tiny
     model's weights are under export.half_storage's size, so nothing is quantized), and the accepted length stays."""
     from lara_serve.model_export.export.exporter import export_model_dir
+    from lara_serve.model_export.export.quantize import scalar_initializer, set_initializer
     from lara_serve.model_export.export.sliced_windows import export_windows_dir
     from lara_serve.model_export.models.hub import make_config_dict
     from lara_serve.model_export.pretrained.classifier import save_half
-    from lara_serve.model_export.pretrained.int8 import refresh_sliced_program, set_initializer
+    from lara_serve.model_export.pretrained.int8 import refresh_sliced_program
     from lara_serve.server.backends.pytorch import file_digests
 
     model = serving(max_length=128)  # the whole graph's export traces 64 pieces
@@ -157,3 +158,5 @@ def test_the_int8_step_re_exports_a_program_made_for_another_graph(tmp_path: Pat
     assert spec["model_onnx_sha256"] == file_digests([graph])[graph]
     assert "quantization" not in spec and spec["long_from"] == 128
     assert json.loads((folder / "config.json").read_text())["preprocessing"]["max_length"] == 400
+    # the program divides by the whole graph's temperature (an int8 graph's is refitted), not the weights' own
+    assert scalar_initializer(folder / "1" / "sliced" / "readout.onnx", "serving.temperature") == 2.0
