@@ -1,7 +1,7 @@
 # Serving images for LARA Serve (onnxruntime backend). Build with deploy/build_image.sh, which makes the local
 # base image and the wheelhouses first; nothing is pulled from an image registry. Two targets:
 #   cpu  onnxruntime (CPU), about 345 MB               deploy/build_image.sh           (TARGET=cpu)
-#   gpu  onnxruntime-gpu + CUDA 13 wheels, about 2.8 GB  deploy/build_image.sh gpu / make image-gpu
+#   gpu  onnxruntime-gpu + CUDA 13 wheels, about 2.9 GB  deploy/build_image.sh gpu / make image-gpu
 # The cpu stages come first: Docker's classic builder runs every stage up to --target, so `--target cpu` never
 # touches the GPU wheels. A plain `docker build .` builds the last target (gpu): pass --target.
 ARG BASE=local/debian:bookworm

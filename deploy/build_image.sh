@@ -2,7 +2,7 @@
 # Build a serving image offline: local Debian base (debootstrap), host-built wheelhouse, docker build.
 #
 #   deploy/build_image.sh                     # -> lara-serve:cpu  (Dockerfile target cpu)
-#   deploy/build_image.sh gpu                 # -> lara-serve:gpu  (target gpu, ~2.8 GB; also `make image-gpu`)
+#   deploy/build_image.sh gpu                 # -> lara-serve:gpu  (target gpu, ~2.9 GB; also `make image-gpu`)
 #   IMAGE=lara-serve:dev deploy/build_image.sh
 #
 # Needs a running Docker daemon (as root: apt-get install -y docker.io debootstrap, then a private daemon:
