@@ -55,9 +55,10 @@ class Runner:
     """A shipped model read as the server reads it: its preprocessing, then its 1/model.onnx (or `onnx`, another
     graph of the same model, e.g. research.minilm_int8's quantized copy) in a session with the fused kernel."""
 
-    def __init__(self, name: str, threads: int, onnx: Path | None = None) -> None:
-        self.prep = read_config(REPOSITORY / name).preprocessing
-        self.session = make_session(onnx or REPOSITORY / name / "1" / "model.onnx", threads=threads, fused=True)
+    def __init__(self, name: str, threads: int, onnx: Path | None = None, folder: Path | None = None) -> None:
+        folder = folder or REPOSITORY / name  # a model folder elsewhere (a `lara train` output) by its path
+        self.prep = read_config(folder).preprocessing
+        self.session = make_session(onnx or folder / "1" / "model.onnx", threads=threads, fused=True)
 
     def outputs(self, raw: bytes) -> tuple[list[np.ndarray], int]:
         """The graph's outputs (logits first) for one document, and how many tokens it read."""

@@ -153,6 +153,33 @@ def holdout_temperature(z_val: Tensor, y_val: Tensor) -> tuple[float, str | None
     return temperature, None
 
 
+def calibration_section(
+    z_val: Tensor, y_val: Tensor, z_test: Tensor, y_test: Tensor, temperature: float, note: str | None = None
+) -> dict[str, Any]:
+    """config.json's "calibration" for raw logits z (before the temperature): ECE before and after on the
+    holdout and the test split, and the ECE floor of the test split's confidences."""
+
+    def ece(z: Tensor, y: Tensor, t: float) -> float:
+        return round(expected_calibration_error(torch.softmax(z.double() / t, -1), y, ECE_BINS), 4)
+
+    return {
+        "method": "temperature",
+        "temperature": round(temperature, 4),
+        "fitted_on": f"holdout ({len(y_val)} items)",
+        "bins": ECE_BINS,
+        "ece": {
+            "holdout_before": ece(z_val, y_val, 1.0),
+            "holdout_after": ece(z_val, y_val, temperature),
+            "test_before": ece(z_test, y_test, 1.0),
+            "test_after": ece(z_test, y_test, temperature),
+        },
+        # what a perfectly calibrated model with the same test confidences would measure (mean, 95th pct.)
+        "ece_floor_test": ece_floor(torch.softmax(z_test.double() / temperature, -1).max(-1).values.numpy()),
+        "n_test": len(y_test),
+        **({"note": note} if note else {}),
+    }
+
+
 def serving_sections(
     val: Outputs,
     train: Outputs,
@@ -187,26 +214,7 @@ def serving_sections(
 
         m_val, m_test = combined(m_val, s_val), combined(m_test, s_test)
     threshold = threshold_at(m_val, PASS_RATE)
-
-    def ece(z: Tensor, y: Tensor, t: float) -> float:
-        return round(expected_calibration_error(torch.softmax(z.double() / t, -1), y, ECE_BINS), 4)
-
-    calibration = {
-        "method": "temperature",
-        "temperature": round(temperature, 4),
-        "fitted_on": f"holdout ({len(y_val)} items)",
-        "bins": ECE_BINS,
-        "ece": {
-            "holdout_before": ece(z_val, y_val, 1.0),
-            "holdout_after": ece(z_val, y_val, temperature),
-            "test_before": ece(z_test, y_test, 1.0),
-            "test_after": ece(z_test, y_test, temperature),
-        },
-        # what a perfectly calibrated model with the same test confidences would measure (mean, 95th pct.)
-        "ece_floor_test": ece_floor(torch.softmax(z_test.double() / temperature, -1).max(-1).values.numpy()),
-        "n_test": len(y_test),
-        **({"note": note} if note else {}),
-    }
+    calibration = calibration_section(z_val, y_val, z_test, y_test, temperature, note)
     ood_section = {
         "method": "mahalanobis",
         "score": "squared Mahalanobis distance of the pooled features to the nearest class mean (shared covariance)",

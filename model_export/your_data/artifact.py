@@ -72,14 +72,7 @@ def finish(
     model = prep.model.eval()
     with phases.phase("serving head"):
         serving, calibration, ood_section, z_test = serving_head(model, prep)
-    raw = z_test.double().numpy()
-    probs = softmax(raw / serving.temperature.item())
-    lara = classification_metrics(probs, prep.test_y, prep.names)
-    calibration_report = {
-        **calibration,
-        "reliability_uncalibrated": reliability(softmax(raw), prep.test_y),
-        "reliability": reliability(probs, prep.test_y),
-    }
+    probs, lara, calibration_report = test_scores(prep, z_test, serving.temperature.item(), calibration)
     baseline = None
     if not args.no_baseline:
         with phases.phase("baseline"):  # text: fitted before training, returned here
@@ -90,8 +83,8 @@ def finish(
             **classification_metrics(bprobs, prep.test_y, prep.names),
         }
     by_length = None
-    if prep.data.task == "text":
-        lengths = [len(r) for r in prep.test_texts]
+    lengths = [len(r) for r in prep.test_texts] if prep.data.task == "text" else []
+    if lengths:
         by_length = {"lara": accuracy_by_length(probs, prep.test_y, lengths)}
         if baseline is not None:
             by_length["baseline"] = accuracy_by_length(bprobs, prep.test_y, lengths)
@@ -159,8 +152,23 @@ def finish(
     max_length = prep.cfg.max_length if isinstance(prep.cfg, TextConfig) else None
     with phases.phase("export"):
         export_model_dir(stage, max_length=max_length)
-        if getattr(prep, "after_export", None) is not None:  # a word-piece model: documents past the whole graph
-            prep.after_export(stage)
+    if getattr(args, "int8", False):  # a frozen word-piece encoder served with int8 weights: its own head and metrics
+        from lara_serve.model_export.your_data import quantized  # onnxruntime's quantizer: only when asked
+
+        with phases.phase("int8"):
+            head = quantized.quantize_run(stage, prep, serving.temperature.item(), ood_section,
+                                          torch.get_num_threads(), bar=not (args.quiet or args.json_lines))  # fmt: skip
+        float_metrics = {"test_accuracy": lara["accuracy"], "test_macro_f1": lara["macro_f1"], "test_ece": lara["ece"]}
+        probs, lara, calibration_report = test_scores(prep, head.z_test, head.temperature, head.calibration)
+        calibration, ood_section = head.calibration, head.ood
+        metrics |= {"test_accuracy": lara["accuracy"], "test_macro_f1": lara["macro_f1"], "test_ece": lara["ece"],
+                    "graph": "int8 (export.quantization)", "float_graph": float_metrics}  # fmt: skip
+        if by_length is not None:
+            by_length["lara"] = accuracy_by_length(probs, prep.test_y, lengths)
+        quantized.patch_config(stage, head, metrics)
+    if getattr(prep, "after_export", None) is not None:  # a word-piece model: documents past the whole graph
+        with phases.phase("export"):
+            prep.after_export(stage)  # int8 when the whole graph is (config.json export.quantization)
     (stage / "split.json").write_text(json.dumps(split, indent=2) + "\n")
     report = {
         "name": args.out.name,
@@ -193,6 +201,19 @@ def finish(
     with phases.phase("report"):
         write_report(stage, report, prep.names)
     return metrics
+
+
+def test_scores(prep: Any, z_test: Any, temperature: float, calibration: dict[str, Any]) -> tuple[Any, dict[str, Any], dict[str, Any]]:  # fmt: skip
+    """(test probabilities, the report's "lara" metrics, its "calibration" with reliability diagrams) of raw test
+    logits z_test read at `temperature`."""
+    raw = z_test.double().numpy()
+    probs = softmax(raw / temperature)
+    report = {
+        **calibration,
+        "reliability_uncalibrated": reliability(softmax(raw), prep.test_y),
+        "reliability": reliability(probs, prep.test_y),
+    }
+    return probs, classification_metrics(probs, prep.test_y, prep.names), report
 
 
 def epochs_trained(state: FitState) -> int | float:

@@ -66,6 +66,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-wide", action="store_true", help="text: the encoder alone, without the wide path (hashed "
                    "word 1-2-gram tf-idf + logistic regression, fitted first and blended on the holdout)")  # fmt: skip
     p.add_argument("--no-baseline", action="store_true", help="skip the plain baseline")
+    p.add_argument("--int8", action="store_true", help="text with a frozen word-piece encoder (the default "
+                   "lara-text-news): serve int8 encoder weights as lara-text-news does (about 1.7x faster on CPU); "
+                   "the temperature, ood threshold and test metrics are refitted and measured on the int8 graph")  # fmt: skip
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint of an interrupted run")

@@ -35,6 +35,7 @@ from lara_serve.model_export.your_data.baseline import IMAGE_BASELINE, TEXT_BASE
 from lara_serve.model_export.your_data.options import (
     DEFAULT_ARCH,
     DEFAULT_INIT,
+    DEFAULT_TEXT_ENCODER,
     MAX_DEFAULT_IMAGE,
     UsageError,
     default_text_init,
@@ -188,6 +189,10 @@ def prepare(args: argparse.Namespace, group: userdist.Group = userdist.Group()) 
         frozen = pretrained_init.prepare(args, d)
         frozen.hp["init_choice"] = chosen or "--init"
         return frozen
+    if getattr(args, "int8", False):
+        what = f"trains the byte encoder ({args.init})" if d.data.task == "text" else "trains an image model"
+        raise UsageError(f"--int8 quantizes a frozen word-piece encoder (--init {DEFAULT_TEXT_ENCODER}); this run "
+                         f"{what}: drop --int8" + (f" ({chosen})" if chosen else ""))  # fmt: skip
     prep, taken = _prepare_text(args, d, group) if d.data.task == "text" else _prepare_image(args, d)
     if args.lr is not None:
         prep.hp["lr"] = args.lr

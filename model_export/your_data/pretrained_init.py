@@ -68,6 +68,11 @@ EXPORT_S = 45.0
 # The sliced program of a run reading past the whole graph (--max-length above 16,384): its export and its parity
 # against torch at five lengths up to 3 slices, 50 s for lara-text-news's on one core of the shared machine.
 PROGRAM_EXPORT_S = 60.0
+# --int8 (your_data.quantized): quantizing the float graph (53 MB with the catalogs' wide table) and reading the
+# holdout and test documents through the int8 graph took 8.6 s in all on one core (2,000 messages; 560 of them
+# read), so 30 s for the fixed part leaves room for a slower machine; the reading is also charged at the probe's
+# rate (the frozen float encoder's; the int8 graph reads 1.5-1.7x faster: benchmarks/results/train_int8_cost.json).
+INT8_S, INT8_READ_FACTOR = 30.0, 1.0
 # The head's fit: seven logistic regressions (LAYERS_C_GRID) on [N, 7 x 384] layer means, and the report's scoring
 # of the wide path, per training document and class (at least 2): the fit alone measured 3.0 s for 1,440 subject
 # lines of 2 classes, 8.3 s for 900 e-mails of 3, 36.6 s for 1,440 messages of 5 (5.1e-3 s; one thread); the
@@ -126,6 +131,7 @@ class Frozen:
     seed: int
     fit_length: bool = False  # no --max-length given: a budget too small to read whole reads each document's head
     whole_length: int = 16384  # the --init model's max_length: the longest document its whole graph reads
+    int8: bool = False  # --int8: the graph served with int8 weights, the head refitted on it (your_data.quantized)
     seqs: dict[str, list[list[int]]] = dataclasses.field(default_factory=dict)
     full: dict[str, list[int]] = dataclasses.field(default_factory=dict)  # whole lengths in pieces
     cached: dict[str, tuple[Tensor, Tensor, Tensor]] = dataclasses.field(default_factory=dict)
@@ -217,7 +223,7 @@ def prepare(args: argparse.Namespace, d: Any) -> Frozen:
     }  # fmt: skip
     return Frozen(data, test, split, d.names, model, cfg, init, hp, WordPieces.from_dir(init), docs, labels, sample,
                   heads, args.no_wide, args.no_baseline, args.seed, fit_length=args.max_length is None,
-                  whole_length=base.cfg.max_length)  # fmt: skip
+                  whole_length=base.cfg.max_length, int8=bool(getattr(args, "int8", False)))  # fmt: skip
 
 
 # -- word pieces, embeddings, the probe ----------------------------------------------------------------------
@@ -304,7 +310,8 @@ def plan(prep: Frozen, phases: budget.Phases, budget_min: float, clock: str) -> 
             f"data with the rest of the run (estimated on the {clock} clock: {est.probe_s:.0f} s so far, reading the "
             f"{n:,} training documents ({pieces['train']:,} word pieces) {est.epoch_s:.0f} s, wide path "
             f"{est.wide_s:.0f} s, baseline {est.baseline_s:.0f} s, the holdout, test and ood documents, the head, "
-            f"export and report {est.after_s:.0f} s); use --time-budget {least:g} or more",
+            f"export{', the int8 step' if prep.int8 else ''} and report {est.after_s:.0f} s); use --time-budget "
+            f"{least:g} or more",
             least,
         )
     prep.hp["budget_plan_s"] = {**est.record(), "seconds_per_piece": float(f"{rate:.3g}")}
@@ -329,7 +336,9 @@ def _estimate(prep: Frozen, rate: float, probe_s: float, pieces: dict[str, int] 
         epoch_s=budget.SAFETY * rate * pieces["train"],
         after_s=budget.SAFETY * (rate * (pieces["holdout"] + pieces["test"] + pieces["heads"])
                                  + HEAD_S_PER_DOC_CLASS * n * max(classes, 2)) + EXPORT_S + budget.REPORT_S
-                 + (PROGRAM_EXPORT_S if prep.cfg.max_length > prep.whole_length else 0.0),
+                 + (PROGRAM_EXPORT_S if prep.cfg.max_length > prep.whole_length else 0.0)
+                 + (INT8_S + budget.SAFETY * INT8_READ_FACTOR * rate * (pieces["holdout"] + pieces["test"])
+                    if prep.int8 else 0.0),
     )  # fmt: skip
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import onnx
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -25,7 +26,7 @@ from lara_serve.clients.client import LaraClient
 from lara_serve.model_export.models.config import AttentionConfig, BertTextConfig
 from lara_serve.model_export.models.hub import load_pretrained, make_config_dict
 from lara_serve.model_export.models.registry import build_model
-from lara_serve.model_export.pretrained.classifier import save_half
+from lara_serve.model_export.pretrained.classifier import round_to_half, save_half
 from lara_serve.model_export.pretrained.teacher import WordPieces
 from lara_serve.model_export.your_data import pretrained_init
 from lara_serve.model_export.your_data.command import SHIPPED, add_arguments, main, prepare
@@ -316,3 +317,86 @@ def test_a_budget_too_small_to_read_whole_reads_each_documents_head(tmp_path: Pa
     for more, minutes in (([], head - 0.1), (["--max-length", "128"], head)):
         with pytest.raises(pretrained_init.BudgetTooSmall):
             planned(more, minutes)
+
+
+# --int8 needs projections stored as float16, as the shipped encoder's are: weights of 65,536 values at least
+# (pretrained.classifier.HALF_MIN_ELEMENTS), so one layer of width 256.
+WIDE = dataclasses.replace(TINY, dim=256, mlp_dim=256, depth=1, heads=4)
+
+
+def test_int8_serves_a_quantized_graph_whose_own_answers_are_reported(work: Path) -> None:
+    """--int8: the graph's encoder projections are int8 but the query and key ones (as lara-text-news's), the
+    temperature in the graph is the one config.json reports, and the reported test accuracy, predictions and ood
+    pass rate are those of the served int8 graph, read here through the server's onnxruntime backend."""
+    from lara_serve.model_export.export.quantize import scalar_initializer
+    from lara_serve.server.backends.onnx_runtime import OnnxRuntimeBackend
+    from lara_serve.server.preprocess import collate, text_item
+    from lara_serve.server.repository import read_config
+
+    torch.manual_seed(0)
+    init = work / "wide-wp"
+    model = build_model(WIDE, seed=0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    round_to_half(model)  # as the converted encoder's weights are: exact in float16, so stored and exported so
+    save_half(model.eval(), make_config_dict(init.name, WIDE, ["x", "y"], seed=0), init)
+    write_tokenizer(init / "tokenizer.json", TOKENS)
+    out = work / "int8" / "news"
+    rc = main([str(work / "news.jsonl"), "--out", str(out), "--init", str(init), "--max-length", str(MAX_PIECES),
+               "--int8", *RUN])  # fmt: skip
+    assert rc == 0
+    conf = json.loads((out / "config.json").read_text())
+    quant = conf["export"]["quantization"]
+    assert quant["quantized_matmuls"] == 4 and quant["float_matmuls"] == 2  # v, o and the MLP's two; q and k float
+    graph = onnx.load(out / "1" / "model.onnx")
+    assert sum(n.op_type == "MatMulInteger" for n in graph.graph.node) == 4
+    assert sum(n.op_type == "LaraAttention" for n in graph.graph.node) == WIDE.depth
+    assert conf["calibration"]["temperature"] == pytest.approx(scalar_initializer(out / "1" / "model.onnx",
+                                                                                  "temperature"), abs=1e-4)  # fmt: skip
+    assert conf["metrics"]["graph"].startswith("int8") and "test_accuracy" in conf["metrics"]["float_graph"]
+    assert conf["training"]["command"].endswith("--int8") or " --int8 " in conf["training"]["command"]
+
+    rows = [json.loads(line) for line in (work / "news.jsonl").read_text().splitlines() if line.strip()]
+    test_ids = json.loads((out / "split.json").read_text())["ids"]["test"]
+    texts = [rows[int(i.split()[1]) - 1]["text"] for i in test_ids]
+    config = read_config(out)
+    backend = OnnxRuntimeBackend(out, config, "cpu", num_threads=1)
+    got = [backend.run_outputs(collate([text_item(t.encode(), config.preprocessing, None)], config)) for t in texts]
+    served = [int(np.argmax(g.logits[0])) for g in got]
+    report = json.loads((out / "report.json").read_text())
+    assert report["predictions"]["lara"] == served
+    truth = report["predictions"]["true"]
+    assert conf["metrics"]["test_accuracy"] == pytest.approx(np.mean(np.asarray(served) == np.asarray(truth)))
+    passed = np.mean([float(g.ood_score[0]) <= conf["ood"]["threshold"] for g in got])
+    assert conf["ood"]["test_in_distribution_rate"] == pytest.approx(passed, abs=1e-4)
+
+    # benchmarks.train_int8_cost reads the same test documents (split.json) through a float run and this one
+    from benchmarks.train_int8_cost import main as cost
+
+    result = cost(["--float", str(work / "repo" / "news"), "--int8", str(out), "--data", str(work / "news.jsonl"),
+                   "--lengths", "64", "--repeats", "2", "--out", str(work / "int8" / "cost.json")])  # fmt: skip
+    assert result["test"]["n"] == len(texts) and result["test"]["int8"]["accuracy"] == conf["metrics"]["test_accuracy"]
+    assert result["lengths"][0]["n"] == 2 and result["lengths"][0]["read"] == MAX_PIECES
+
+
+def test_int8_applies_only_to_a_frozen_word_piece_encoder(tmp_path: Path, capsys) -> None:
+    write_texts(tmp_path / "d.jsonl")
+    rc = main([str(tmp_path / "d.jsonl"), "--out", str(tmp_path / "m"), "--init", "none", "--int8", "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--int8 quantizes a frozen word-piece encoder" in err and "drop --int8" in err
+    assert not (tmp_path / "m").exists() and not (tmp_path / ".m.lara-train").exists()
+
+
+def test_the_budget_counts_the_int8_step(work: Path, monkeypatch, capsys) -> None:
+    """With --int8 the estimate of what follows the embedding grows by the quantization and the int8 graph's
+    reading of the holdout and test documents; a budget too small says so."""
+    monkeypatch.setattr(pretrained_init, "probe_rate", lambda prep, clock: 1e-3)  # the same rate for both runs
+    after = {}
+    for more in ([], ["--int8"]):
+        rc = main([str(work / "news.jsonl"), "--out", str(work / "small"), "--init", str(work / "tiny-wp"),
+                   "--time-budget", "0.01", "--threads", "1", "--quiet", *more])  # fmt: skip
+        err = capsys.readouterr().err
+        assert rc == 2 and ("the int8 step" in err) == bool(more)
+        after[bool(more)] = float(err.split(" and report ")[1].split(" s)")[0])
+    assert after[True] - after[False] >= pretrained_init.INT8_S - 1
