@@ -2,6 +2,8 @@
 # Issue 6 device check: the whole GPU run in one command, from the repository root on the H200 machine
 # (its own image: Python 3.12, torch 2.11, triton 3.6; nothing is installed). Through the device tool:
 #   bash benchmarks/gpu_check.sh          with timeout_s about 420
+# The device tool sends at most 64 MiB of working tree and the model binaries make 187: run
+# `python -m tools.device_tree slim` before the call and `python -m tools.device_tree restore` after (docs/gpu.md).
 # gpu.py stops starting new sections after --budget-s and saves gpu.json after every section, so a
 # timeout still leaves the finished sections. Writes $OUT/gpu.json, $OUT/gpu.log, $OUT/nvidia-smi.txt
 # (OUT defaults to benchmarks/results off the device). CPU check of the script itself, no GPU needed:
