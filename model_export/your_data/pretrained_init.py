@@ -169,12 +169,12 @@ class Frozen:
         shutil.copyfile(self.init / TOKENIZER_FILE, out / TOKENIZER_FILE)
 
     def after_export(self, out: Path) -> None:
-        """Documents longer than the whole graph's length: the sliced program (float, as the whole graph is),
-        and config.json preprocessing.max_length back to what this run read."""
+        """Documents longer than the whole graph's length: the sliced program (int8 when the whole graph is, with
+        --int8; float otherwise), and config.json preprocessing.max_length back to what this run read."""
         if self.cfg.max_length > self.whole_length:
             from lara_serve.model_export.export.sliced_windows import export_windows_dir
 
-            export_windows_dir(out, quantize=False, max_length=self.cfg.max_length)
+            export_windows_dir(out, max_length=self.cfg.max_length)  # int8 when the whole graph is (--int8)
 
 
 def prepare(args: argparse.Namespace, d: Any) -> Frozen:

@@ -324,6 +324,22 @@ def test_a_budget_too_small_to_read_whole_reads_each_documents_head(tmp_path: Pa
 WIDE = dataclasses.replace(TINY, dim=256, mlp_dim=256, depth=1, heads=4)
 
 
+def wide_word_piece_dir(folder: Path) -> Path:
+    """tiny_word_piece_dir's model at width 256, its weights rounded to float16 (as the converted encoder's are:
+    exact in float16, so stored and exported so, and quantized); made once per folder."""
+    if (folder / "config.json").is_file():
+        return folder
+    torch.manual_seed(0)
+    model = build_model(WIDE, seed=0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    round_to_half(model)
+    save_half(model.eval(), make_config_dict(folder.name, WIDE, ["x", "y"], seed=0), folder)
+    write_tokenizer(folder / "tokenizer.json", TOKENS)
+    return folder
+
+
 def test_int8_serves_a_quantized_graph_whose_own_answers_are_reported(work: Path) -> None:
     """--int8: the graph's encoder projections are int8 but the query and key ones (as lara-text-news's), the
     temperature in the graph is the one config.json reports, and the reported test accuracy, predictions and ood
@@ -333,15 +349,7 @@ def test_int8_serves_a_quantized_graph_whose_own_answers_are_reported(work: Path
     from lara_serve.server.preprocess import collate, text_item
     from lara_serve.server.repository import read_config
 
-    torch.manual_seed(0)
-    init = work / "wide-wp"
-    model = build_model(WIDE, seed=0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    round_to_half(model)  # as the converted encoder's weights are: exact in float16, so stored and exported so
-    save_half(model.eval(), make_config_dict(init.name, WIDE, ["x", "y"], seed=0), init)
-    write_tokenizer(init / "tokenizer.json", TOKENS)
+    init = wide_word_piece_dir(work / "wide-wp")
     out = work / "int8" / "news"
     rc = main([str(work / "news.jsonl"), "--out", str(out), "--init", str(init), "--max-length", str(MAX_PIECES),
                "--int8", *RUN])  # fmt: skip
@@ -378,6 +386,47 @@ def test_int8_serves_a_quantized_graph_whose_own_answers_are_reported(work: Path
                    "--lengths", "64", "--repeats", "2", "--out", str(work / "int8" / "cost.json")])  # fmt: skip
     assert result["test"]["n"] == len(texts) and result["test"]["int8"]["accuracy"] == conf["metrics"]["test_accuracy"]
     assert result["lengths"][0]["n"] == 2 and result["lengths"][0]["read"] == MAX_PIECES
+
+
+def test_int8_past_the_whole_graph_reads_on_an_int8_program_with_the_graph_temperature(work: Path) -> None:
+    """--int8 with --max-length above the --init model's: the sliced program is int8 as the whole graph is, its
+    readout divides by the int8 graph's refitted temperature, and a document past the whole graph gets the label
+    the whole graph gives it."""
+    from lara_serve.model_export.export.quantize import scalar_initializer, set_initializer
+    from lara_serve.model_export.pretrained.int8 import refresh_sliced_program
+    from lara_serve.server.backends.onnx_runtime import OnnxRuntimeBackend
+    from lara_serve.server.preprocess import collate, text_item
+    from lara_serve.server.repository import read_config
+
+    def readout_temperature(folder: Path) -> float:  # 1 where the export folded a division by 1 away
+        try:
+            return scalar_initializer(folder / "1" / "sliced" / "readout.onnx", "serving.temperature")
+        except ValueError:
+            return 1.0
+
+    out = work / "int8" / "long"
+    rc = main([str(work / "news.jsonl"), "--out", str(out), "--init", str(wide_word_piece_dir(work / "wide-wp")),
+               "--max-length", "400", "--int8", *RUN])  # fmt: skip
+    assert rc == 0
+    conf = json.loads((out / "config.json").read_text())
+    assert conf["export"]["sliced"]["int8"] is True and conf["export"]["sliced"]["long_from"] == WIDE.max_length
+    graph_t = scalar_initializer(out / "1" / "model.onnx", "temperature")
+    assert graph_t == pytest.approx(conf["calibration"]["temperature"], abs=1e-4)
+    assert readout_temperature(out) == graph_t
+    # a holdout this small has no errors (T kept at 1): another temperature in the graph, as a refit would set,
+    # and the program re-exported for it (pretrained.int8.refresh_sliced_program) divides by it, int8 again
+    set_initializer(out / "1" / "model.onnx", "temperature", 1.7)
+    assert refresh_sliced_program(out) and readout_temperature(out) == pytest.approx(1.7)
+    assert json.loads((out / "config.json").read_text())["export"]["sliced"]["int8"] is True
+    config = read_config(out)
+    backend = OnnxRuntimeBackend(out, config, "cpu", num_threads=1)
+    assert backend._sliced is not None
+    item = text_item(" ".join(["goal", "match", "team", "bank", "profit"] * 60).encode(), config.preprocessing, None)
+    assert WIDE.max_length < item.length <= 400
+    sliced = backend.run_outputs(collate([item], config)).logits[0]
+    whole = backend.session.run(None, {"input_ids": item.arrays["input_ids"][None],
+                                       "attention_mask": np.ones((1, item.length), dtype=np.int64)})[0][0]  # fmt: skip
+    assert int(np.argmax(sliced)) == int(np.argmax(whole))
 
 
 def test_int8_applies_only_to_a_frozen_word_piece_encoder(tmp_path: Path, capsys) -> None:
