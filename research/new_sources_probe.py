@@ -10,7 +10,10 @@ check's pooled figure:
   these, and since `--topic-sources` its head trains on them as tech: only the packages on the holdout side
   of the build's rule (`python_descriptions_holdout`) are unseen text there;
 - politics: the latest 16 State of the Union addresses (never trained on: `topic_sources.LATEST_KEPT_OUT`;
-  the robustness suite reads the latest 8) read whole, and 2 KB excerpts of them (five per address, seeded).
+  the robustness suite reads the latest 8) read whole, and 2 KB excerpts of them (five per address, seeded);
+- entertainment: the Brown corpus's press reviews (genre c: 17 reviews of books, theatre, music and films from
+  1961, about 12 KB each; since 2026-12-07). The pretrained encoder's attention transfer read Brown's train
+  split as generic English, no classifier head did; the window gate's probe read Brown g and h, not c.
 Each set through `lara-text-news` (int8, each row alone as the server runs it), `lara-text-news-bytes` and the
 TF-IDF anchor fitted on the BBC train split. Accuracy with a Wilson interval, mean top probability, ECE, and
 what the wrong answers were. Writes research/results/new_sources_probe.json.
@@ -33,11 +36,12 @@ from benchmarks.robustness.stats import ece, wilson
 from lara_serve.model_export.models.registry import NEWS_LABELS
 from lara_serve.model_export.pretrained.classifier import in_holdout
 from lara_serve.model_export.pretrained.topic_sources import python_description_items
+from lara_serve.model_export.training.brown import load_brown
 from lara_serve.model_export.training.data import load_news
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "research" / "results" / "new_sources_probe.json"
-TECH, POLITICS = NEWS_LABELS.index("tech"), NEWS_LABELS.index("politics")
+TECH, POLITICS, ENTERTAINMENT = (NEWS_LABELS.index(k) for k in ("tech", "politics", "entertainment"))
 
 
 def debian_descriptions(min_chars: int = 200) -> list[str]:
@@ -73,6 +77,12 @@ def sotu_sets(latest: int) -> tuple[list[str], list[str]]:
     return speeches, excerpts
 
 
+def brown_reviews() -> list[str]:
+    """The Brown corpus's genre c (press: reviews), both splits, in file order."""
+    docs = load_brown("train") + load_brown("test")
+    return [d.text for d in sorted(docs, key=lambda d: d.doc_id) if d.doc_id[1] == "c"]
+
+
 def figures(out: Outputs, label: int) -> dict[str, Any]:
     pred = out.pred
     y = np.full(len(pred), label)
@@ -101,6 +111,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "python_descriptions_holdout": ([i.text for i in described if in_holdout(i.key)], TECH),
         "sotu_whole": (speeches, POLITICS),
         "sotu_2kb_excerpts": (excerpts, POLITICS),
+        "brown_reviews": (brown_reviews(), ENTERTAINMENT),
     }
     train = load_news("train")
     anchor = TfidfAnchor([d.text for d in train], [d.label for d in train], len(NEWS_LABELS))
