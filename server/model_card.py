@@ -160,4 +160,12 @@ def describe(model: ServedModel) -> dict[str, Any]:
     calibration = extra.get("calibration")  # informational: the temperature is already in the logits
     if isinstance(calibration, dict):
         card["calibration"] = calibration
+    export = extra.get("export")
+    quantized = export.get("quantization") if isinstance(export, dict) else None
+    if isinstance(quantized, dict) and model.backend.name == "onnxruntime":  # torch reads the float weights
+        card["quantization"] = {k: quantized[k] for k in _QUANTIZATION_KEYS if k in quantized}
     return card
+
+
+# What the card says of an int8 graph (config.json export.quantization, model_export.export.quantize)
+_QUANTIZATION_KEYS = ("weights", "activations", "quantized_matmuls", "float_matmuls")

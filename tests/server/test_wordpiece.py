@@ -241,3 +241,23 @@ async def test_tei_default_is_the_word_piece_model_beside_a_byte_model(wp_repo: 
         assert default.status_code == pieces.status_code == byte.status_code == 200
         assert default.json() == pieces.json() != byte.json()
         assert (await client.get("/info")).json()["model_id"] == NAME
+
+
+def test_the_card_says_an_int8_graph_is_served_and_only_where_it_is() -> None:
+    """GET /v2/models/NAME's parameters (model_card.describe): `quantization` for the shipped int8 graph under
+    onnxruntime; not under torch (it reads the float weights), nor for a float model."""
+    from types import SimpleNamespace
+
+    from lara_serve.server.model_card import describe
+
+    repo = Path(__file__).resolve().parents[2] / "model_repository"
+    cards = {}
+    for name in ("lara-text-news", "lara-text-genre"):
+        config = read_config(repo / name)
+        for backend in ("onnxruntime", "torch"):
+            model = SimpleNamespace(config=config, backend=SimpleNamespace(name=backend, device="cpu"),
+                                    name=config.name, version=config.version)  # fmt: skip
+            cards[name, backend] = describe(model)  # type: ignore[arg-type]
+    int8 = cards["lara-text-news", "onnxruntime"]["quantization"]
+    assert int8["weights"].startswith("int8") and int8["quantized_matmuls"] == 24 and int8["float_matmuls"] == 12
+    assert all("quantization" not in cards[k] for k in cards if k != ("lara-text-news", "onnxruntime"))
