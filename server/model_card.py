@@ -157,6 +157,8 @@ def describe(model: ServedModel) -> dict[str, Any]:
     ood = extra.get("ood")
     if config.has_ood_output:
         card["ood"] = {"output": "ood_score", **(ood if isinstance(ood, dict) else {})}
+        if (threshold := config.ood_threshold_of(model.backend.name)) is not None:
+            card["ood"]["threshold"] = threshold  # the one this backend's scores are compared with
     calibration = extra.get("calibration")  # informational: the temperature is already in the logits
     if isinstance(calibration, dict):
         card["calibration"] = calibration

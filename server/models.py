@@ -78,7 +78,7 @@ class ServedModel:
         probabilities = softmax(outputs.logits)  # [B, n_labels]
         if outputs.ood_score is None:
             return [Scored(row) for row in probabilities]
-        threshold = self.config.ood_threshold
+        threshold = self.config.ood_threshold_of(self.backend.name)
         return [
             Scored(row, float(score), None if threshold is None else bool(score <= threshold))
             for row, score in zip(probabilities, outputs.ood_score, strict=True)

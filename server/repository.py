@@ -127,6 +127,15 @@ class ModelConfig(BaseModel):
         ood = (self.model_extra or {}).get("ood")
         return float(ood["threshold"]) if isinstance(ood, dict) and "threshold" in ood else None
 
+    def ood_threshold_of(self, backend: str) -> float | None:
+        """The threshold for the scores `backend` computes: an int8 graph's threshold is refitted on its own
+        scores (config.json ood.threshold_float_graph keeps the float head's), and the torch backend computes
+        with the float weights."""
+        ood = (self.model_extra or {}).get("ood")
+        if backend == "torch" and isinstance(ood, dict) and "threshold_float_graph" in ood:
+            return float(ood["threshold_float_graph"])
+        return self.ood_threshold
+
 
 class RepositoryError(RuntimeError):
     """The repository is unusable; raised at start-up."""

@@ -245,7 +245,8 @@ async def test_tei_default_is_the_word_piece_model_beside_a_byte_model(wp_repo: 
 
 def test_the_card_says_an_int8_graph_is_served_and_only_where_it_is() -> None:
     """GET /v2/models/NAME's parameters (model_card.describe): `quantization` for the shipped int8 graph under
-    onnxruntime; not under torch (it reads the float weights), nor for a float model."""
+    onnxruntime; not under torch (it reads the float weights), nor for a float model. The ood threshold is the
+    one fitted on the scores the backend computes: the int8 graph's, or the float head's under torch."""
     from types import SimpleNamespace
 
     from lara_serve.server.model_card import describe
@@ -261,3 +262,13 @@ def test_the_card_says_an_int8_graph_is_served_and_only_where_it_is() -> None:
     int8 = cards["lara-text-news", "onnxruntime"]["quantization"]
     assert int8["weights"].startswith("int8") and int8["quantized_matmuls"] == 24 and int8["float_matmuls"] == 12
     assert all("quantization" not in cards[k] for k in cards if k != ("lara-text-news", "onnxruntime"))
+    # in_distribution compares each backend's scores with the threshold fitted on them (ood_threshold_of)
+    ood = json.loads((repo / "lara-text-news" / "config.json").read_text())["ood"]
+    assert cards["lara-text-news", "onnxruntime"]["ood"]["threshold"] == ood["threshold"]
+    assert cards["lara-text-news", "torch"]["ood"]["threshold"] == ood["threshold_float_graph"] != ood["threshold"]
+    genre = json.loads((repo / "lara-text-genre" / "config.json").read_text())["ood"]["threshold"]
+    assert (
+        cards["lara-text-genre", "torch"]["ood"]["threshold"]
+        == genre
+        == cards["lara-text-genre", "onnxruntime"]["ood"]["threshold"]
+    )
