@@ -127,6 +127,14 @@ class ModelConfig(BaseModel):
         ood = (self.model_extra or {}).get("ood")
         return float(ood["threshold"]) if isinstance(ood, dict) and "threshold" in ood else None
 
+    @property
+    def float_graph_temperature(self) -> float | None:
+        """config.json calibration.temperature_float_graph: where the served graph is int8 and its temperature was
+        refitted on its own logits, the temperature the float weights' logits take (the torch backend's)."""
+        calibration = (self.model_extra or {}).get("calibration")
+        value = calibration.get("temperature_float_graph") if isinstance(calibration, dict) else None
+        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) and value > 0 else None
+
     def ood_threshold_of(self, backend: str) -> float | None:
         """The threshold for the scores `backend` computes: an int8 graph's threshold is refitted on its own
         scores (config.json ood.threshold_float_graph keeps the float head's), and the torch backend computes

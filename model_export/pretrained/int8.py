@@ -167,6 +167,9 @@ def quantize_served(model_dir: Path = MODEL, threads: int = 1, limit: int = 0, s
     z_val, z_test = val["int8"][0] * t_old, test["int8"][0] * t_old  # int8 raw logits
     conf["calibration"] |= {
         "temperature": round(t_new, 4),
+        # the float weights keep t_old (the torch backend reads them): the same other-source say, without the
+        # int8 ratio, is what their logits take (server.repository.ModelConfig.float_graph_temperature)
+        "temperature_float_graph": round(t_old * shift, 4),
         "refit": f"int8 graph: temperature x {fitted['int8'] / fitted['float']:.4f}, the ratio of the temperatures "
         f"fitted on the same {len(y_val)} holdout items read by the int8 and the float graph"
         + (

@@ -79,6 +79,12 @@ class TorchBackend(BackendBase):
                 f"of version {HUB_VERSION} only; use backend=onnxruntime"
             )
         module = (loader or default_loader())(model_dir)
+        temperature = config.float_graph_temperature
+        if temperature is not None and isinstance(getattr(module, "temperature", None), torch.Tensor):
+            # an int8-served model: its weights keep the float head's temperature, fitted before the int8 step
+            # gave other sources their say in it; config.json records the one for these float logits
+            with torch.no_grad():
+                module.temperature.fill_(temperature)
         self.module = module.eval().to(device)
         self._torch = torch
 

@@ -130,6 +130,31 @@ def test_int8_graph_against_the_float_weights(news_test) -> None:
         assert abs(float(ood[0]) / float(ref_ood[0]) - 1) < 0.15
 
 
+def test_the_torch_backend_reads_the_float_weights_at_their_own_calibration(news_test) -> None:
+    """The torch backend serves the float weights. Their stored temperature (1.049) is the float head's from
+    before the int8 step gave other sources half the say; config.json calibration.temperature_float_graph (that
+    say, without the int8 ratio: 0.9395) is the one it applies, and its ood threshold is the float head's. So
+    the two backends agree as closely as int8 and float weights do: on every twentieth test document (22) a
+    median max |dp| of 3e-4 (1.049 gave 3.1e-3 on the first 40)."""
+    from lara_serve.server.backends.onnx_runtime import OnnxRuntimeBackend
+    from lara_serve.server.backends.pytorch import TorchBackend
+    from lara_serve.server.preprocess import collate
+
+    config = read_config(MODEL)
+    conf = json.loads((MODEL / "config.json").read_text())
+    torch_backend = TorchBackend(MODEL, config, "cpu")
+    assert float(torch_backend.module.temperature) == pytest.approx(conf["calibration"]["temperature_float_graph"])
+    assert config.ood_threshold_of("torch") == conf["ood"]["threshold_float_graph"]
+    onnx_backend = OnnxRuntimeBackend(MODEL, config, "cpu", num_threads=2)
+    diffs = []
+    for doc in news_test[::20]:
+        batch = collate([text_item(doc.text.encode(), config.preprocessing, None)], config)
+        p = [np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+             for z in (b.run_outputs(batch).logits[0] for b in (torch_backend, onnx_backend))]  # fmt: skip
+        diffs.append(float(np.abs(p[0] - p[1]).max()))
+    assert float(np.median(diffs)) < 1e-3
+
+
 def test_ood_score_flags_one_piece_texts_and_machine_text_not_articles(news_test) -> None:
     """ "a" (one word piece: config min_pieces 2) and a server log are out of distribution; wrapped and plain
     test articles are in (research/minilm_ood_probe.py: logs, JSON dumps, base64, chat logs, random bytes,
