@@ -110,7 +110,7 @@ def quantize_run(stage: Path, prep: Any, temperature: float, ood: dict[str, Any]
             },
             "note": "both at the float head's temperature; float: the PyTorch head's logits",
         },
-        "temperature_float_graph": round(temperature, 4),
+        "float_head_temperature": round(temperature, 4),  # the weights keep it: the torch backend's
         "command": "lara train ... --int8 (lara_serve.model_export.your_data.quantized)",
     }
     calibration = calibration_section(raw_val, y_val, raw_test, y_test, t_new, note)
