@@ -30,7 +30,7 @@ import json
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -78,9 +78,15 @@ def read_items(paths: dict[str, Path], model_dir: Path, texts: Sequence[str], th
     truncation (tests/model_export/test_shipped_minilm checks the server's pieces against this tokenizer)."""
     tok, max_length = WordPieces.from_dir(model_dir), int(load_config(model_dir)["preprocessing"]["max_length"])
     sessions = {name: make_session(path, threads=threads, fused=True) for name, path in paths.items()}
-    out: dict[str, tuple[list[np.ndarray], list[float]]] = {name: ([], []) for name in paths}
-    for text in tqdm(texts, desc=desc, unit="text"):
-        ids = np.asarray([tok.encode(text, max_length)], dtype=np.int64)
+    return read_pieces(sessions, (tok.encode(text, max_length) for text in tqdm(texts, desc=desc, unit="text")))
+
+
+def read_pieces(sessions: dict[str, Any], seqs: Iterable[Sequence[int]]) -> dict[str, tuple[np.ndarray, np.ndarray]]:  # fmt: skip
+    """Each session's (served logits [N, C], ood_score [N]) on word-piece sequences, one at a time (an int8
+    graph quantizes activations per call: a row's answer is its own only when it runs alone)."""
+    out: dict[str, tuple[list[np.ndarray], list[float]]] = {name: ([], []) for name in sessions}
+    for seq in seqs:
+        ids = np.asarray([seq], dtype=np.int64)
         feed = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
         for name, session in sessions.items():
             logits, ood = session.run(None, feed)

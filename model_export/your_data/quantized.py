@@ -38,6 +38,7 @@ from lara_serve.model_export.pretrained.int8 import (
     TEMPERATURE,
     prob_agreement,
     quantize_graph,
+    read_pieces,
 )
 
 
@@ -63,19 +64,13 @@ def session(path: Path, threads: int) -> Any:
 
 def read(path: Path, seqs: Sequence[Sequence[int]], threads: int, desc: str, bar: bool) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """(served logits [N, C], ood_score [N]) of word-piece sequences, one at a time."""
-    sess = session(path, threads)
-    logits, ood = [], []
     items: Any = seqs
     if bar:
         from tqdm import tqdm
 
         items = tqdm(seqs, desc=desc, unit="doc", dynamic_ncols=True, mininterval=1.0, leave=False)
-    for seq in items:
-        ids = np.asarray([seq], dtype=np.int64)
-        z, s = sess.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})
-        logits.append(z[0])
-        ood.append(float(s[0]))
-    return np.stack(logits).astype(np.float64), np.asarray(ood, dtype=np.float64)
+    logits, ood = read_pieces({"int8": session(path, threads)}, items)["int8"]
+    return logits.astype(np.float64), ood
 
 
 def quantize_run(stage: Path, prep: Any, temperature: float, ood: dict[str, Any], threads: int, bar: bool) -> Int8Head:  # fmt: skip
