@@ -83,3 +83,25 @@ def test_zero_shot_on_the_real_teacher(tmp_path: Path) -> None:
     assert rows["600"]["teacher"] == "512-piece windows, mean"
     # the untrained swap keeps much of the teacher (data.md: ~0.5-0.6) but is far from it
     assert all(r["docs"] == 2 and 0.2 < r["mean_cosine"] < 0.99 for r in rows.values())
+
+
+def test_the_kept_stage_2_student_reads_like_its_teacher_at_256_pieces() -> None:
+    """research/students/c64-stage2-256 (issue 53's third try at the fidelity target: stage 2 only, on 256-piece
+    windows, from the shipped encoder): on the first 16 held-out texts at 256 pieces its mean cosine to the
+    teacher is 0.9553, as measured when it was kept (its run's closing fidelity on all 166 texts: 0.9503 at 256,
+    0.9526 at 512, its fidelity.json). Deterministic: the estimator reads at w = mu, so the same weights give
+    the same number up to float rounding."""
+    from lara_serve.model_export.pretrained.student import load_student
+
+    folder = Path(__file__).resolve().parents[2] / "research" / "students" / "c64-stage2-256"
+    try:
+        teacher, tok = load_teacher()
+        docs = fidelity.heldout_pieces(tok)
+    except TeacherUnavailable as e:
+        pytest.skip(str(e))
+    except (DataUnavailable, BrownUnavailable) as e:
+        pytest.skip(f"held-out corpora not installed: {e}")
+    row = fidelity.fidelity_at(teacher, load_student(folder, teacher), tok, docs, 256, max_docs=16)
+    assert row["docs"] == 16 and row["mean_cosine"] == pytest.approx(0.9553, abs=2e-4)
+    kept = json.loads((folder / "fidelity.json").read_text())["fidelity"]
+    assert kept["256"]["mean_cosine"] >= 0.95 and kept["512"]["mean_cosine"] >= 0.95
