@@ -162,11 +162,23 @@ def describe(model: ServedModel) -> dict[str, Any]:
     calibration = extra.get("calibration")  # informational: the temperature is already in the logits
     if isinstance(calibration, dict):
         card["calibration"] = calibration
-    export = extra.get("export")
-    quantized = export.get("quantization") if isinstance(export, dict) else None
-    if isinstance(quantized, dict) and model.backend.name == "onnxruntime":  # torch reads the float weights
+    if (quantized := served_quantization(model)) is not None:
         card["quantization"] = {k: quantized[k] for k in _QUANTIZATION_KEYS if k in quantized}
     return card
+
+
+def served_quantization(model: ServedModel) -> dict[str, Any] | None:
+    """config.json export.quantization when the served graph is the quantized one (onnxruntime reads
+    model.onnx, the int8 graph; the torch backend reads the float weights), else None."""
+    export = (model.config.model_extra or {}).get("export")
+    quantized = export.get("quantization") if isinstance(export, dict) else None
+    return quantized if isinstance(quantized, dict) and model.backend.name == "onnxruntime" else None
+
+
+def weights_dtype(model: ServedModel) -> str:
+    """The served weights' dtype as TEI's /info names it: "int8" for a dynamically quantized graph (its
+    projections' weights; activations and the other weights stay float32), else "float32"."""
+    return "int8" if served_quantization(model) is not None else "float32"
 
 
 # What the card says of an int8 graph (config.json export.quantization, model_export.export.quantize)

@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from lara_serve.server.errors import ServeError, invalid, too_large
+from lara_serve.server.model_card import weights_dtype
 from lara_serve.server.models import Scored, ServedModel
 from lara_serve.server.preprocess import Item
 from lara_serve.server.routes.common import AppState, State, read_body, require_api_key, timing_headers, track
@@ -181,7 +182,7 @@ def tei_info(state: AppState) -> dict[str, Any]:
     return {
         "model_id": model.name if labels else None,
         "model_sha": None,
-        "model_dtype": "float32",
+        "model_dtype": weights_dtype(model) if labels else None,  # type: ignore[arg-type]
         "model_type": {
             "classifier": {
                 "id2label": {str(i): str(v) for i, v in enumerate(labels or [])},

@@ -249,16 +249,19 @@ def test_the_card_says_an_int8_graph_is_served_and_only_where_it_is() -> None:
     one fitted on the scores the backend computes: the int8 graph's, or the float head's under torch."""
     from types import SimpleNamespace
 
-    from lara_serve.server.model_card import describe
+    from lara_serve.server.model_card import describe, weights_dtype
 
     repo = Path(__file__).resolve().parents[2] / "model_repository"
-    cards = {}
+    cards, dtypes = {}, {}
     for name in ("lara-text-news", "lara-text-genre"):
         config = read_config(repo / name)
         for backend in ("onnxruntime", "torch"):
             model = SimpleNamespace(config=config, backend=SimpleNamespace(name=backend, device="cpu"),
                                     name=config.name, version=config.version)  # fmt: skip
             cards[name, backend] = describe(model)  # type: ignore[arg-type]
+            dtypes[name, backend] = weights_dtype(model)  # type: ignore[arg-type]
+    # TEI's /info model_dtype names the weights the backend computes with
+    assert dtypes == {k: "int8" if k == ("lara-text-news", "onnxruntime") else "float32" for k in cards}
     int8 = cards["lara-text-news", "onnxruntime"]["quantization"]
     assert int8["weights"].startswith("int8") and int8["quantized_matmuls"] == 24 and int8["float_matmuls"] == 12
     assert all("quantization" not in cards[k] for k in cards if k != ("lara-text-news", "onnxruntime"))
