@@ -103,7 +103,11 @@ async def test_image_only_server_has_null_tei_model(tmp_path: Path) -> None:
     make_image_model(tmp_path, IMAGE)
     async with serve(Settings(model_repository=tmp_path)) as images:
         info = (await images.get("/info")).json()
-        assert info["model_id"] is None and info["model_dtype"] is None and info["model_type"]["classifier"]["id2label"] == {}
+        assert (
+            info["model_id"] is None
+            and info["model_dtype"] is None
+            and info["model_type"]["classifier"]["id2label"] == {}
+        )
         r = await images.post("/predict", json={"inputs": "x"})
         assert r.status_code == 422 and "no text model" in r.json()["error"]
 
